@@ -1,0 +1,299 @@
+"""The fused epilogue, written once for every arch: RoPE, Hadamard-128, amax,
+MXFP4 / FP8 quantization and packing, on one thread's share of one head row.
+
+A head row is 128 fp32 accumulator values. Each arch's MMA leaves them spread over
+`lanes_per_row` lanes of a warp; `HeadRowLayout` says which column every local value
+is. Every helper here is a plain trace-time function (called from inside a kernel) on plain Python lists of DSL scalars plus the lane's index
+within its row group, so the sm_90a WGMMA kernel, the sm_100a TMEM kernel and test
+kernels call the same code. All loops are unrolled at trace time.
+
+Exactness (SPEC steps 3-6, bit for bit with `indexer_q.reference`):
+- products in RoPE use `mul.rn` so the compiler cannot contract them into an FMA;
+- the Hadamard is a butterfly over column bits 0..6 in that order, in fp32;
+- power-of-two exponents come from the float's bits, never from log2.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+HEAD_DIM = 128
+ROPE_DIMS = 64
+MXFP4_BLOCK = 32
+FP8_MAX = 448.0
+FP4_MAX = 6.0
+AMAX_FLOOR = 1e-4
+HADAMARD_SCALE = 128.0 ** -0.5  # rounded to fp32 once, as the reference does
+
+# Output formats; plain ints so they can be compile-time constants of a kernel.
+OUT_MXFP4 = 0
+OUT_FP8 = 1
+OUT_FP8_UNSCALED = 2
+OUT_FORMATS = {"mxfp4": OUT_MXFP4, "fp8": OUT_FP8, "fp8-unscaled": OUT_FP8_UNSCALED}
+
+
+class HeadRowLayout:
+    """Where the 128 columns of a head row live: column bit b is either bit
+    `local_bit[b]` of the thread-local index or lane-xor `lane_mask[b]` within the row
+    group. Compile-time only."""
+
+    def __init__(self, col_bits: tuple):
+        # col_bits[b] = ("local", i) or ("lane", i) for column bit b = 0..6
+        assert len(col_bits) == 7
+        self.col_bits = col_bits
+        self.num_local = 1 << sum(1 for kind, _ in col_bits if kind == "local")
+        self.lanes_per_row = 1 << sum(1 for kind, _ in col_bits if kind == "lane")
+        assert col_bits[0] == ("local", 0), "RoPE pairs and FP4 nibble pairs must be thread-local"
+
+    def local_mask(self, b: int) -> int:
+        kind, i = self.col_bits[b]
+        return (1 << i) if kind == "local" else 0
+
+    def lane_mask(self, b: int) -> int:
+        kind, i = self.col_bits[b]
+        return (1 << i) if kind == "lane" else 0
+
+    def column_static(self, local: int) -> int:
+        """Column bits that come from the local index (the lane bits are added at run time)."""
+        col = 0
+        for b, (kind, i) in enumerate(self.col_bits):
+            if kind == "local" and (local >> i) & 1:
+                col |= 1 << b
+        return col
+
+    def column_lane_bits(self, lane_in_row):
+        """Column bits that come from the lane (a run-time Int32)."""
+        col = Int32(0)
+        for b, (kind, i) in enumerate(self.col_bits):
+            if kind == "lane":
+                col = col | (((lane_in_row >> i) & 1) << b)
+        return col
+
+
+# SM90 WGMMA accumulator: a row's columns are 8j + 2q + v, q = lane % 4, local = 2j + v.
+SM90_ROW_LAYOUT = HeadRowLayout(
+    (("local", 0), ("lane", 0), ("lane", 1), ("local", 1), ("local", 2), ("local", 3), ("local", 4))
+)
+# SM100 tcgen05.ld 32x32b: one thread owns a whole row.
+SM100_ROW_LAYOUT = HeadRowLayout(tuple(("local", b) for b in range(7)))
+
+
+# ---------------------------------------------------------------- scalar primitives
+def sel_i32(cond, a, b) -> Int32:
+    return Int32(cutlass.select_(cond, Int32(a), Int32(b)))
+
+
+def sel_f32(cond, a, b) -> Float32:
+    return Float32(cutlass.select_(cond, Float32(a), Float32(b)))
+
+
+@dsl_user_op
+def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """fp32 multiply rounded on its own (never fused into an FMA)."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+            "mul.rn.f32 $0, $1, $2;",
+            "=f,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def fmax_nan(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """max that propagates NaN (as torch.amax does), so a NaN block gets scale 0xFF."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+            "max.NaN.f32 $0, $1, $2;",
+            "=f,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def round_bf16(a: Float32, *, loc=None, ip=None) -> Float32:
+    """fp32 -> bf16 (round to nearest even) -> fp32."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(a).ir_value(loc=loc, ip=ip)],
+            "{ .reg .b16 t; cvt.rn.bf16.f32 t, $1; cvt.f32.bf16 $0, t; }",
+            "=f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def cvt_e4m3x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Int32:
+    """Two fp32 -> two e4m3 bytes (RNE, saturated to +-448), `lo` in bits 0..7."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+            "{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, $1, $2; cvt.u32.u16 $0, t; }",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+def ceil_log2_exact(x: Float32) -> Int32:
+    """ceil(log2(x)) for a positive float, from its bits; capped at 128 so that an
+    Inf/NaN amax gives the UE8M0 byte 0xFF."""
+    bits = x.bitcast(Int32)
+    e = ((bits >> 23) & 0xFF) - 127
+    e = e + sel_i32((bits & 0x7FFFFF) != 0, 1, 0)
+    return sel_i32(e > 128, 128, e)
+
+
+def exp2_neg(e: Int32) -> Float32:
+    """2^-e as fp32 for e in [-127, 126] (every exponent a finite amax can give)."""
+    return ((Int32(127) - e) << 23).bitcast(Float32)
+
+
+def e2m1_code(y: Float32, rne: bool) -> Int32:
+    """E2M1 nibble of y (|y| <= 6 up to rounding): magnitude code + sign bit 3.
+    floor-ties: a tie goes down; rne: a tie goes to the even code."""
+    a = sel_f32(y < 0.0, -y, y)
+    code = sel_i32(a > 0.25, 1, 0)
+    code = code + sel_i32(a > 1.25, 1, 0)
+    code = code + sel_i32(a > 2.5, 1, 0)
+    code = code + sel_i32(a > 5.0, 1, 0)
+    if (rne):
+        code = code + sel_i32(a >= 0.75, 1, 0)
+        code = code + sel_i32(a >= 1.75, 1, 0)
+        code = code + sel_i32(a >= 3.5, 1, 0)
+    else:
+        code = code + sel_i32(a > 0.75, 1, 0)
+        code = code + sel_i32(a > 1.75, 1, 0)
+        code = code + sel_i32(a > 3.5, 1, 0)
+    sign = sel_i32(y < 0.0, 8, 0)
+    return code | sel_i32(code != 0, sign, 0)
+
+
+def lane_butterfly(v: Float32, lane_xor: int, is_upper) -> Float32:
+    """One Hadamard butterfly across lanes: lower index gets a + b, upper gets a - b."""
+    other = cute.arch.shuffle_sync_bfly(v, offset=lane_xor)
+    return sel_f32(is_upper, other - v, v + other)
+
+
+def lane_max(v: Float32, lane_xor: int) -> Float32:
+    return fmax_nan(v, cute.arch.shuffle_sync_bfly(v, offset=lane_xor))
+
+
+# ---------------------------------------------------------------- row transforms
+def bf16_round_row(vals: list) -> list:
+    return [round_bf16(v) for v in vals]
+
+
+def rope_row(vals: list, layout: HeadRowLayout, lane_in_row, cos_sin_row, use_identity) -> list:
+    """SPEC step 3 on bf16-valued fp32 `vals`: GPT-J pairs on columns 64..127.
+    `cos_sin_row(i)` returns (cos, sin) of pair i; `use_identity` forces c=1, s=0."""
+    lane_cols = layout.column_lane_bits(lane_in_row)
+    out = list(vals)
+    for local in range(0, layout.num_local, 2):
+        col_static = layout.column_static(local)
+        if (col_static >= ROPE_DIMS):
+            pair = (Int32(col_static - ROPE_DIMS) + lane_cols) >> 1
+            c, s = cos_sin_row(pair)
+            c = sel_f32(use_identity, 1.0, c)
+            s = sel_f32(use_identity, 0.0, s)
+            x = vals[local]
+            y = vals[local + 1]
+            out[local] = round_bf16(mul_rn(x, c) - mul_rn(y, s))
+            out[local + 1] = round_bf16(mul_rn(x, s) + mul_rn(y, c))
+    return out
+
+
+def hadamard_row(vals: list, layout: HeadRowLayout, lane_in_row) -> list:
+    """SPEC step 4: Sylvester Hadamard-128, butterflies over column bit 0, 1, ..., 6,
+    fp32, then one multiply by fp32(128^-0.5) and a bf16 rounding."""
+    cur = list(vals)
+    for b in range(7):
+        lm = layout.local_mask(b)
+        if (lm != 0):
+            nxt = list(cur)
+            for local in range(layout.num_local):
+                if ((local & lm) == 0):
+                    lo = cur[local]
+                    hi = cur[local | lm]
+                    nxt[local] = lo + hi
+                    nxt[local | lm] = lo - hi
+            cur = nxt
+        else:
+            xm = layout.lane_mask(b)
+            is_upper = (lane_in_row & xm) != 0
+            cur = [lane_butterfly(v, xm, is_upper) for v in cur]
+    return [round_bf16(v * HADAMARD_SCALE) for v in cur]
+
+
+def absmax_over(vals: list, locals_: tuple, lane_masks: tuple) -> Float32:
+    m = Float32(0.0)
+    for local in range(len(locals_)):
+        v = vals[locals_[local]]
+        m = fmax_nan(m, sel_f32(v < 0.0, -v, v))
+    for xm in range(len(lane_masks)):
+        m = lane_max(m, lane_masks[xm])
+    return fmax_nan(m, Float32(AMAX_FLOOR))
+
+
+def _lane_masks_below(layout: HeadRowLayout, nbits: int) -> tuple:
+    return tuple(layout.lane_mask(b) for b in range(nbits) if layout.lane_mask(b))
+
+
+def _locals_with_high_bits(layout: HeadRowLayout, low_bits: int, block: int) -> tuple:
+    """Local indices whose column (lane bits ignored) lies in block `block` of 2^low_bits."""
+    return tuple(
+        l for l in range(layout.num_local) if (layout.column_static(l) >> low_bits) == block
+    )
+
+
+def mxfp4_row(vals: list, layout: HeadRowLayout, rne: bool):
+    """SPEC step 5 on one head row. Returns (bytes, scale_word): `bytes[p]` is the
+    packed byte of local pair p = (2p, 2p+1) (its column byte index is
+    column(2p) / 2), and `scale_word` the four UE8M0 bytes, little-endian."""
+    nibbles = [Int32(0)] * layout.num_local
+    scale_word = Int32(0)
+    for blk in range(HEAD_DIM // MXFP4_BLOCK):
+        locals_ = _locals_with_high_bits(layout, 5, blk)
+        amax = absmax_over(vals, locals_, _lane_masks_below(layout, 5))
+        e = ceil_log2_exact(amax / FP4_MAX)
+        inv = exp2_neg(e)
+        for i in range(len(locals_)):
+            nibbles[locals_[i]] = e2m1_code(vals[locals_[i]] * inv, rne)
+        scale_word = scale_word | (((e + 127) & 0xFF) << (8 * blk))
+    packed = [nibbles[2 * p] | (nibbles[2 * p + 1] << 4) for p in range(layout.num_local // 2)]
+    return packed, scale_word
+
+
+def fp8_row(vals: list, layout: HeadRowLayout, scaled: bool):
+    """SPEC step 6 on one head row. Returns (pairs, e): `pairs[p]` holds the two e4m3
+    bytes of local pair p in its low 16 bits; e is the head's exponent (0 if unscaled)."""
+    e = Int32(0)
+    inv = Float32(1.0)
+    if (scaled):
+        all_locals = tuple(range(layout.num_local))
+        amax = absmax_over(vals, all_locals, _lane_masks_below(layout, 7))
+        e = ceil_log2_exact(amax / FP8_MAX)
+        inv = exp2_neg(e)
+    pairs = [
+        cvt_e4m3x2(vals[2 * p] * inv, vals[2 * p + 1] * inv) for p in range(layout.num_local // 2)
+    ]
+    return pairs, e

@@ -1,0 +1,81 @@
+"""What every fused indexer-Q GEMM shares, whatever the arch: its static
+configuration and the problem bookkeeping. Arch files subclass `FusedIndexerQGemmBase`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .epilogue import HEAD_DIM, OUT_FORMATS
+
+SCALE_BLOCK_K = 128  # the SPEC's activation (1x128) and weight (128x128) scale blocks
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Everything that changes the generated code (and nothing else): the compile key."""
+
+    arch: str = "sm_90a"
+    kind: str = "native"  # "native" (tokens on the MMA's M side) or "swap_ab"
+    tile_m: int = 128  # tokens per CTA tile (native); 64 per consumer warpgroup
+    stages: int = 6  # shared-memory ring depth of the TMA pipeline
+    cluster_m: int = 1  # CTAs per cluster along M; >1 multicasts the weight tile
+    raster_along_m: bool = True
+    swizzle: int = 1  # tile-scheduler swizzle, in clusters
+    # WGMMAs (k=32 each) between promotions of the partial accumulator; fewer = closer
+    # to fp32 accuracy (Hopper's FP8 tensor-core accumulation keeps ~14 bits), slower.
+    mma_per_promotion: int = 4
+    hadamard: bool = False
+    fp4_rounding: str = "floor-ties"
+    out_format: str = "mxfp4"
+    positions_dtype: str = "int64"
+
+    @property
+    def out_format_id(self) -> int:
+        return OUT_FORMATS[self.out_format]
+
+    @property
+    def rne(self) -> bool:
+        return self.fp4_rounding == "rne"
+
+    def problems(self, n: int, k: int) -> list[str]:
+        """Reasons this config cannot run (N, K); empty when it can."""
+        out = []
+        if n % HEAD_DIM:
+            out.append(f"N={n} is not a multiple of {HEAD_DIM}")
+        if k % SCALE_BLOCK_K:
+            out.append(f"K={k} is not a multiple of {SCALE_BLOCK_K}")
+        if self.out_format not in OUT_FORMATS:
+            out.append(f"unknown out_format {self.out_format!r}")
+        if self.fp4_rounding not in ("floor-ties", "rne"):
+            out.append(f"unknown fp4_rounding {self.fp4_rounding!r}")
+        if self.positions_dtype not in ("int32", "int64"):
+            out.append(f"positions dtype {self.positions_dtype!r}")
+        return out
+
+
+class FusedIndexerQGemmBase:
+    """Shared shape of a fused kernel class: `__init__(config)` holds static config,
+    `__call__` (host, @cute.jit) builds TMA atoms and launches, `kernel` is the device
+    side, `can_implement` answers without compiling."""
+
+    supported_kinds: tuple = ()
+    arch: str = ""
+
+    def __init__(self, config: GemmConfig):
+        problems = self.config_problems(config)
+        if problems:
+            raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
+        self.config = config
+
+    @classmethod
+    def config_problems(cls, config: GemmConfig) -> list[str]:
+        out = []
+        if config.arch != cls.arch:
+            out.append(f"arch {config.arch} (this kernel is {cls.arch})")
+        if config.kind not in cls.supported_kinds:
+            out.append(f"kind {config.kind!r} not in {cls.supported_kinds}")
+        return out
+
+    @classmethod
+    def can_implement(cls, config: GemmConfig, n: int, k: int) -> bool:
+        return not cls.config_problems(config) and not config.problems(n, k)

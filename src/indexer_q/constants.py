@@ -1,0 +1,11 @@
+"""Names and sizes of the contract, importable without torch (the CLI parser uses them)."""
+
+FP4_ROUNDINGS = ("floor-ties", "rne")
+OUT_FORMATS = ("mxfp4", "fp8", "fp8-unscaled")
+BLOCK = 128          # K block of the scales
+HEAD_DIM = 128       # one head = one 128-wide N tile
+ROPE_WIDTH = 64      # cos_sin columns: 32 cos then 32 sin
+
+# compute capability -> kernel arch: the one map (indexer_q.arch uses it)
+ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
+SUPPORTED_ARCHES = tuple(ARCH_BY_CAPABILITY.values())

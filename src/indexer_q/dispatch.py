@@ -1,0 +1,130 @@
+"""Kernel side of the public API: arch + tactic -> compiled kernel -> launch.
+
+api.py validates and calls the three functions below; nothing here validates again
+(it runs on every call, so it only allocates outputs and launches).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+
+import torch
+
+
+class KernelUnavailableError(NotImplementedError):
+    """The fused kernel for this arch / format is not built yet."""
+
+
+# arch -> the kernel module's class name, looked up lazily (no CuTe DSL import until used).
+FUSED_KERNELS = {"sm_90a": "gemm_sm90.Sm90FusedIndexerQ"}
+
+
+def heuristic_config(arch: str, m: int, n: int, k: int):
+    """The default tactic: always one of the valid candidates."""
+    from indexer_q.kernels.gemm_base import GemmConfig
+
+    return GemmConfig(arch=arch, kind="native", tile_m=64 if m <= 64 else 128)
+
+
+def _config_for_call(arch, m, n, k, tactic, *, hadamard, fp4_rounding, out_format, positions):
+    base = tactic if tactic is not None else heuristic_config(arch, m, n, k)
+    return dataclasses.replace(
+        base,
+        arch=arch,
+        hadamard=bool(hadamard),
+        fp4_rounding=fp4_rounding,
+        out_format=out_format,
+        positions_dtype="int64" if positions.dtype == torch.int64 else "int32",
+    )
+
+
+def run_act_quant(qr):
+    """SPEC step 1 on the GPU; returns (a_fp8 [T, K], scale float32 [T, K/128])."""
+    from . import jit
+
+    t, k = qr.shape
+    a_fp8 = torch.empty(t, k, dtype=torch.float8_e4m3fn, device=qr.device)
+    scale = torch.empty(t, k // 128, dtype=torch.float32, device=qr.device)
+    arch = _arch_of(qr.device)
+    kernel = jit.compile_act_quant(arch)
+    kernel(qr.view(torch.int32), a_fp8.view(torch.int32), scale)
+    return a_fp8, scale
+
+
+def _arch_of(device):
+    from .arch import detect_arch
+
+    return detect_arch(device)
+
+
+def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_format, tactic=None,
+              out=None):
+    """Launch on already-validated inputs; returns (q, q_scale) as api.fused_indexer_q documents.
+    `out`: preallocated (q, q_scale) of the right dtype/shape (tests poison them)."""
+    from . import jit
+
+    arch = weights.arch
+    if arch not in FUSED_KERNELS:
+        raise KernelUnavailableError(
+            f"fused_indexer_q: no fused kernel is built for {arch} yet "
+            f"(built: {', '.join(FUSED_KERNELS)}); indexer_q.reference.fused_indexer_q runs anywhere"
+        )
+    t, k = qr.shape
+    n, heads = weights.n, weights.heads
+    config = _config_for_call(arch, t, n, k, tactic, hadamard=hadamard, fp4_rounding=fp4_rounding,
+                              out_format=out_format, positions=positions)
+    kernel = jit.compile_fused(config, n, k)
+    a_fp8, a_scale = run_act_quant(qr)
+    dev = qr.device
+    if out is None:
+        from .reference import empty_outputs
+
+        out = empty_outputs(t, heads, out_format, dev)
+    q, q_scale = out
+    q_bytes = q.view(torch.uint8).view(t, -1)
+    if q_scale is not None:
+        scale_words = q_scale.view(torch.int32)
+    else:
+        scale_words = torch.empty(1, 1, dtype=torch.int32, device=dev)
+    kernel(a_fp8, a_scale, weights.weight, weights.weight_scale, positions, cos_sin, q_bytes, scale_words)
+    return q, q_scale
+
+
+def compile_for_arch(arch: str, out_dir=None) -> list[dict]:
+    """Compile every kernel for `arch` (no GPU needed); one dict per kernel:
+    {"kernel", "arch", "seconds", "ptx", "checks": {name: bool}}."""
+    from . import jit
+
+    records = []
+    out_dir = str(out_dir) if out_dir else tempfile.mkdtemp(prefix=f"indexer_q_{arch}_")
+
+    def record(name, ck, checks):
+        ptx = ck.artifacts.get("ptx")
+        records.append({"kernel": name, "arch": arch, "seconds": round(ck.seconds, 2),
+                        "ptx": ptx, "checks": checks})
+
+    ck = jit.compile_act_quant(arch, keep_dir=_sub(out_dir, "act_quant"))
+    record("act_quant_fp8", ck, {"cvt.rn.satfinite.e4m3x2": _ptx_has(ck, "cvt.rn.satfinite.e4m3x2.f32")})
+    if arch in FUSED_KERNELS:
+        from indexer_q.kernels.gemm_base import GemmConfig
+
+        for tile_m in (64, 128):
+            cfg = GemmConfig(arch=arch, tile_m=tile_m, hadamard=True)
+            ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=_sub(out_dir, f"fused_native_m{tile_m}"))
+            record(f"fused_native_tile_m{tile_m}", ck, {
+                "wgmma.mma_async e4m3": _ptx_has(ck, r"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"),
+            })
+    return records
+
+
+def _sub(out_dir, name):
+    return os.path.join(out_dir, name) if out_dir else None
+
+
+def _ptx_has(ck, needle: str):
+    path = ck.artifacts.get("ptx")
+    if not path:
+        return None
+    with open(path) as f:
+        return needle in f.read()

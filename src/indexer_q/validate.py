@@ -1,0 +1,239 @@
+"""The one validation layer of indexer_q.
+
+The reference (`indexer_q.reference.fused_indexer_q`) and the kernel path
+(`indexer_q.fused_indexer_q`) check their inputs with the same functions, so a call
+that the reference accepts is one the kernel accepts (apart from the kernel-only
+checks at the bottom: CUDA device, one device, arch, 16-byte alignment).
+
+Every failure raises :class:`InvalidInputError` (a ``ValueError``) whose message
+names the argument, what was expected and what was got::
+
+    qr: expected dtype torch.bfloat16, got torch.float16
+
+All checks run on the host and never synchronize with the GPU, except
+:func:`check_power_of_two_scales`, which reads the scale values and is meant for
+load time (``prepare_weights``) and the reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .constants import BLOCK, FP4_ROUNDINGS, HEAD_DIM, OUT_FORMATS, ROPE_WIDTH  # noqa: F401
+
+ALIGN_BYTES = 16     # data-pointer alignment the kernels need (TMA / vector loads)
+
+
+class InvalidInputError(ValueError):
+    """An input of an indexer_q function is not what the contract allows."""
+
+
+def fail(name: str, expected: str, got) -> None:
+    raise InvalidInputError(f"{name}: expected {expected}, got {got}")
+
+
+# ----------------------------------------------------------------------------------
+# small composable checks
+# ----------------------------------------------------------------------------------
+def check_tensor(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        fail(name, "a torch.Tensor", type(x).__name__)
+
+
+def check_dtype(name: str, x: torch.Tensor, *dtypes: torch.dtype) -> None:
+    check_tensor(name, x)
+    if x.dtype not in dtypes:
+        want = " or ".join(f"dtype {d}" for d in dtypes)
+        fail(name, want, f"dtype {x.dtype}")
+
+
+def check_rank(name: str, x: torch.Tensor, rank: int, what: str = "") -> None:
+    if x.dim() != rank:
+        fail(name, f"a {rank}-D tensor{(' ' + what) if what else ''}",
+             f"{x.dim()}-D tensor of shape {list(x.shape)}")
+
+
+def check_dim(name: str, x: torch.Tensor, dim: int, size: int, why: str = "") -> None:
+    if x.shape[dim] != size:
+        fail(name, f"size {size} in dim {dim}{(' (' + why + ')') if why else ''}",
+             f"shape {list(x.shape)}")
+
+
+def check_divisible(name: str, x: torch.Tensor, dim: int, by: int = BLOCK, what: str = "") -> None:
+    if x.shape[dim] % by != 0:
+        label = what or f"dim {dim}"
+        fail(name, f"{label} divisible by {by}", f"shape {list(x.shape)} ({label} = {x.shape[dim]})")
+
+
+def check_min_size(name: str, x: torch.Tensor, dim: int, minimum: int, what: str = "") -> None:
+    if x.shape[dim] < minimum:
+        label = what or f"dim {dim}"
+        fail(name, f"{label} >= {minimum}", f"shape {list(x.shape)}")
+
+
+def check_contiguous(name: str, x: torch.Tensor) -> None:
+    if not x.is_contiguous():
+        fail(name, "a contiguous tensor", f"strides {list(x.stride())} for shape {list(x.shape)}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        fail(name, "one of " + ", ".join(repr(c) for c in choices), repr(value))
+
+
+def check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        fail(name, "a bool", repr(value))
+
+
+def check_same_device(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if x.device != ref.device:
+        fail(name, f"a tensor on {ref_name}'s device {ref.device}", f"device {x.device}")
+
+
+def check_power_of_two_scales(name: str, scale: torch.Tensor) -> None:
+    """Every entry a finite, positive power of two (reads the values: load time only)."""
+    s = scale.detach().to(torch.float32)
+    mant, _ = torch.frexp(s)
+    bad = ~(torch.isfinite(s) & (s > 0) & (mant == 0.5))
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        fail(name, "every scale a positive finite power of two (UE8M0)",
+             f"{float(s[idx])} at index {list(idx)}")
+
+
+# ----------------------------------------------------------------------------------
+# argument-level checks (shared by the reference and the kernel path)
+# ----------------------------------------------------------------------------------
+def check_qr(qr, name: str = "qr") -> tuple[int, int]:
+    """bf16 [T, K], K % 128 == 0, contiguous. Returns (T, K)."""
+    check_dtype(name, qr, torch.bfloat16)
+    check_rank(name, qr, 2, "[T, K]")
+    check_divisible(name, qr, 1, BLOCK, "K (dim 1)")
+    check_min_size(name, qr, 1, BLOCK, "K (dim 1)")
+    check_contiguous(name, qr)
+    return qr.shape[0], qr.shape[1]
+
+
+def check_weight(weight, name: str = "weight") -> tuple[int, int]:
+    """float8_e4m3fn [N, K], N and K multiples of 128, contiguous (K-major). Returns (N, K)."""
+    check_dtype(name, weight, torch.float8_e4m3fn)
+    check_rank(name, weight, 2, "[N, K]")
+    check_divisible(name, weight, 0, BLOCK, "N (dim 0)")
+    check_divisible(name, weight, 1, BLOCK, "K (dim 1)")
+    check_min_size(name, weight, 0, BLOCK, "N (dim 0)")
+    check_min_size(name, weight, 1, BLOCK, "K (dim 1)")
+    check_contiguous(name, weight)
+    return weight.shape[0], weight.shape[1]
+
+
+def check_weight_scale(weight_scale, n: int, k: int, name: str = "weight_scale",
+                       dtypes=(torch.float32, torch.float8_e8m0fnu), values: bool = True) -> None:
+    """float32 or float8_e8m0fnu [N/128, K/128]; with values=True also powers of two."""
+    check_dtype(name, weight_scale, *dtypes)
+    check_rank(name, weight_scale, 2, "[N/128, K/128]")
+    want = [n // BLOCK, k // BLOCK]
+    if list(weight_scale.shape) != want:
+        fail(name, f"shape {want} (= [N/128, K/128] for weight [{n}, {k}])",
+             f"shape {list(weight_scale.shape)}")
+    if values:
+        check_power_of_two_scales(name, weight_scale)
+
+
+def check_positions(positions, t: int, name: str = "positions") -> None:
+    check_dtype(name, positions, torch.int32, torch.int64)
+    check_rank(name, positions, 1, "[T]")
+    if positions.shape[0] != t:
+        fail(name, f"shape [{t}] (T = qr.shape[0])", f"shape {list(positions.shape)}")
+    check_contiguous(name, positions)
+
+
+def check_cos_sin(cos_sin, name: str = "cos_sin") -> int:
+    """float32 [P, 64], P >= 1, contiguous. Returns P."""
+    check_dtype(name, cos_sin, torch.float32)
+    check_rank(name, cos_sin, 2, "[P, 64]")
+    if cos_sin.shape[1] != ROPE_WIDTH:
+        fail(name, "shape [P, 64] (32 cos then 32 sin per position)", f"shape {list(cos_sin.shape)}")
+    check_min_size(name, cos_sin, 0, 1, "P (dim 0)")
+    check_contiguous(name, cos_sin)
+    return cos_sin.shape[0]
+
+
+def check_options(hadamard, fp4_rounding, out_format) -> None:
+    check_bool("hadamard", hadamard)
+    check_choice("fp4_rounding", fp4_rounding, FP4_ROUNDINGS)
+    check_choice("out_format", out_format, OUT_FORMATS)
+
+
+@dataclass(frozen=True)
+class Problem:
+    t: int
+    k: int
+    n: int
+    heads: int
+    p: int
+
+
+def check_problem(qr, weight, weight_scale, positions, cos_sin, *, hadamard, fp4_rounding,
+                  out_format, scale_dtypes=(torch.float32, torch.float8_e8m0fnu),
+                  scale_values: bool = True, weight_name: str = "weight",
+                  scale_name: str = "weight_scale") -> Problem:
+    """Everything the contract says about one call, on any device."""
+    check_options(hadamard, fp4_rounding, out_format)
+    t, k = check_qr(qr)
+    n, wk = check_weight(weight, weight_name)
+    if wk != k:
+        fail("qr", f"K = {wk} ({weight_name}.shape[1])", f"shape {list(qr.shape)} (K = {k})")
+    check_weight_scale(weight_scale, n, k, scale_name, dtypes=scale_dtypes, values=scale_values)
+    check_positions(positions, t)
+    p = check_cos_sin(cos_sin)
+    check_same_device(weight_name, weight, "qr", qr)
+    check_same_device(scale_name, weight_scale, "qr", qr)
+    check_same_device("positions", positions, "qr", qr)
+    check_same_device("cos_sin", cos_sin, "qr", qr)
+    return Problem(t=t, k=k, n=n, heads=n // HEAD_DIM, p=p)
+
+
+# ----------------------------------------------------------------------------------
+# kernel-path checks (added on top of the shared ones by indexer_q.api)
+# ----------------------------------------------------------------------------------
+def check_cuda(name: str, x: torch.Tensor, what: str = "the fused kernel") -> None:
+    if x.device.type != "cuda":
+        fail(name, f"a CUDA tensor ({what} needs CUDA; "
+                   "indexer_q.reference runs on the CPU)", f"device {x.device}")
+
+
+def check_aligned(name: str, x: torch.Tensor, align: int = ALIGN_BYTES) -> None:
+    if x.numel() > 0 and x.data_ptr() % align != 0:
+        fail(name, f"a data pointer aligned to {align} bytes",
+             f"address 0x{x.data_ptr():x} (offset {x.data_ptr() % align} mod {align})")
+
+
+def check_arch_matches(name: str, weights_arch, device_arch: str, device) -> None:
+    if weights_arch != device_arch:
+        fail(name, f"weights prepared for {device_arch} (the arch of {device}); "
+                   "call prepare_weights on that device",
+             f"weights.arch = {weights_arch!r}")
+
+
+def check_kernel_inputs(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding,
+                        out_format, device_arch_fn) -> Problem:
+    """Shared checks plus what a kernel launch needs. `weights` is an IndexerQWeights;
+    `device_arch_fn(device) -> str` gives the arch of qr's device (indexer_q.arch.detect_arch)."""
+    from .weights import IndexerQWeights
+
+    if not isinstance(weights, IndexerQWeights):
+        fail("weights", "an IndexerQWeights from indexer_q.prepare_weights(weight, weight_scale)",
+             type(weights).__name__)
+    prob = check_problem(qr, weights.weight, weights.weight_scale, positions, cos_sin,
+                         hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
+                         scale_dtypes=(torch.float32,), scale_values=False,
+                         weight_name="weights.weight", scale_name="weights.weight_scale")
+    check_cuda("qr", qr)
+    check_arch_matches("weights", weights.arch, device_arch_fn(qr.device), qr.device)
+    for name, x in (("qr", qr), ("weights.weight", weights.weight),
+                    ("weights.weight_scale", weights.weight_scale),
+                    ("positions", positions), ("cos_sin", cos_sin)):
+        check_aligned(name, x)
+    return prob

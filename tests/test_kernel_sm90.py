@@ -1,0 +1,183 @@
+"""The sm_90a kernels on the H200 against the reference (SPEC "What correct means").
+
+Every launch writes into outputs poisoned twice with different bytes; both runs must
+agree byte for byte (so every output byte was written) and match the reference.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+
+from indexer_q import reference as ref
+from indexer_q.testing import make_inputs, rope_cos_sin_table
+
+pytestmark = pytest.mark.gpu
+
+P_LARGE = 1 << 20
+MS = (1, 2, 7, 64, 127, 128, 1000, 4096, 16384)
+NS = (1024, 8192)
+KS = (1024, 1536)
+
+
+def _needs_sm90():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+
+
+@pytest.fixture(scope="module")
+def big_cos_sin():
+    return rope_cos_sin_table(P_LARGE, device="cuda")
+
+
+def _inputs(t, n, k, seed, cos_sin, positions_dtype=torch.int64):
+    x = make_inputs(t, n, k, p=16, seed=seed, device="cuda", positions_dtype=positions_dtype)
+    g = torch.Generator().manual_seed(seed + 7)
+    x["positions"] = torch.randint(0, cos_sin.shape[0], (t,), generator=g).to(positions_dtype).cuda()
+    x["cos_sin"] = cos_sin
+    return x
+
+
+def _poisoned(t, heads, out_format, byte):
+    q, s = ref.empty_outputs(t, heads, out_format, "cuda")
+    q.view(torch.uint8).fill_(byte)
+    if s is not None:
+        s.view(torch.uint8).fill_(byte)
+    return q, s
+
+
+def _run_twice(x, weights, **opts):
+    from indexer_q import dispatch
+
+    outs = []
+    for byte in (0x00, 0xA5):
+        out = _poisoned(x["qr"].shape[0], weights.heads, opts["out_format"], byte)
+        outs.append(dispatch.run_fused(x["qr"], weights, x["positions"], x["cos_sin"], out=out, **opts))
+    torch.cuda.synchronize()
+    (q0, s0), (q1, s1) = outs
+    assert torch.equal(q0.view(torch.uint8), q1.view(torch.uint8)), "some q bytes were never written"
+    if s0 is not None:
+        assert torch.equal(s0.view(torch.int32), s1.view(torch.int32)), "some scales were never written"
+    return q0, s0
+
+
+def _fp4_check(q, s, rq, rs):
+    """SPEC criteria; codes in a block whose scale differs are compared by value."""
+    from indexer_q.testing import fp4_signed_codes, scale_bytes
+
+    sb, rsb = scale_bytes(s), scale_bytes(rs)
+    same_scale = (sb == rsb)
+    scale_eq = same_scale.double().mean().item()
+    a, b = fp4_signed_codes(q), fp4_signed_codes(rq)
+    code_eq = (a == b).double().mean().item()
+    blockwise_same = same_scale.repeat_interleave(32, dim=-1)
+    step = (a - b).abs()
+    max_step_same_scale = int(torch.where(blockwise_same, step, 0).max().item())
+    return scale_eq, code_eq, max_step_same_scale
+
+
+def _check_case(t, n, k, hadamard, rounding, out_format, seed, cos_sin, positions_dtype=torch.int64):
+    from indexer_q import prepare_weights
+
+    x = _inputs(t, n, k, seed, cos_sin, positions_dtype)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    opts = dict(hadamard=hadamard, fp4_rounding=rounding, out_format=out_format)
+    q, s = _run_twice(x, weights, **opts)
+    rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"], **opts)
+    tag = f"M={t} N={n} K={k} had={hadamard} {rounding} {out_format} seed={seed}"
+    if out_format == "mxfp4":
+        scale_eq, code_eq, max_step = _fp4_check(q, s, rq, rs)
+        assert scale_eq >= 0.999, f"{tag}: scale bytes equal {scale_eq:.6f}"
+        assert code_eq >= 0.999, f"{tag}: codes equal {code_eq:.6f}"
+        assert max_step <= 1, f"{tag}: a code differs by {max_step} steps under the same scale"
+        return code_eq, scale_eq
+    from indexer_q.testing import e4m3_ordinal
+
+    a, b = e4m3_ordinal(q), e4m3_ordinal(rq)
+    eq = (a == b).double().mean().item()
+    assert eq >= 0.999, f"{tag}: bytes equal {eq:.6f}"
+    if s is not None:
+        same = (s == rs)
+        assert same.double().mean().item() >= 0.999, f"{tag}: scales differ"
+        step = torch.where(same.unsqueeze(-1), (a - b).abs(), 0)
+        assert int(step.max()) <= 1, f"{tag}: a value differs by more than one e4m3 step"
+    else:
+        assert int((a - b).abs().max()) <= 1, f"{tag}: a value differs by more than one e4m3 step"
+    return eq, None
+
+
+def test_act_quant_bit_exact():
+    _needs_sm90()
+    import indexer_q
+
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for t, k in ((1, 128), (7, 1024), (1000, 1536), (4096, 1536)):
+        qr = (torch.randn(t, k, generator=g) * torch.rand(t, 1, generator=g) * 100).to(torch.bfloat16)
+        if t >= 7:
+            qr[0, :128] = 0  # amax floor
+            qr[1, :128] = 448.0  # saturation edge, scale 1
+            qr[2, :128] = torch.tensor(
+                [448 * 1.0625, -0.0, 1e-30, -1e-30] * 32, dtype=torch.bfloat16)  # ties / tiny / -0
+            qr[3, 3] = float("nan")
+            qr[4, 5] = float("inf")
+        qr = qr.cuda()
+        a, s = indexer_q.quantize_act_fp8(qr)
+        ra, rs = ref.quantize_act_fp8(qr)
+        torch.cuda.synchronize()
+        assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"T={t} K={k}: scales differ"
+        ok = rs.isfinite().repeat_interleave(128, dim=1)
+        assert torch.equal(a.view(torch.uint8)[ok], ra.view(torch.uint8)[ok]), f"T={t} K={k}: bytes differ"
+
+
+@pytest.mark.parametrize("t", MS)
+@pytest.mark.parametrize("n,k", list(itertools.product(NS, KS)))
+def test_fused_mxfp4_matches_reference(t, n, k, big_cos_sin):
+    _needs_sm90()
+    seed = int.from_bytes(os.urandom(4), "little")
+    for hadamard, rounding in itertools.product((False, True), ("floor-ties", "rne")):
+        _check_case(t, n, k, hadamard, rounding, "mxfp4", seed, big_cos_sin)
+
+
+@pytest.mark.parametrize("t", MS)
+@pytest.mark.parametrize("n,k", list(itertools.product(NS, KS)))
+@pytest.mark.parametrize("out_format", ("fp8", "fp8-unscaled"))
+def test_fused_fp8_matches_reference(t, n, k, out_format, big_cos_sin):
+    _needs_sm90()
+    seed = int.from_bytes(os.urandom(4), "little")
+    for hadamard in (False, True):
+        _check_case(t, n, k, hadamard, "floor-ties", out_format, seed, big_cos_sin)
+
+
+def test_fused_int32_positions_and_out_of_range(big_cos_sin):
+    """int32 positions; positions outside [0, P) leave the token unrotated (documented)."""
+    _needs_sm90()
+    from indexer_q import prepare_weights
+
+    t, n, k = 300, 1024, 1536
+    x = _inputs(t, n, k, 11, big_cos_sin, torch.int32)
+    x["positions"][::3] = -5
+    x["positions"][1::7] = P_LARGE + 3
+    x["positions"][2::11] = 2**31 - 1
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    opts = dict(hadamard=True, fp4_rounding="rne", out_format="mxfp4")
+    q, s = _run_twice(x, weights, **opts)
+    rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"], **opts)
+    scale_eq, code_eq, max_step = _fp4_check(q, s, rq, rs)
+    assert scale_eq >= 0.999 and code_eq >= 0.999 and max_step <= 1
+
+
+def test_fused_dequantized_error_is_mxfp4s_own(big_cos_sin):
+    _needs_sm90()
+    import indexer_q
+
+    t, n, k = 512, 8192, 1536
+    x = _inputs(t, n, k, 5, big_cos_sin)
+    weights = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
+    for hadamard in (False, True):
+        q, s = indexer_q.fused_indexer_q(x["qr"], weights, x["positions"], x["cos_sin"], hadamard=hadamard)
+        exact = ref.float64_pipeline(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"],
+                                     hadamard=hadamard)
+        err = ref.relative_error(ref.dequantize_fp4(q, s), exact)
+        assert 0.08 < err < 0.14, f"hadamard={hadamard}: relative error {err}"
