@@ -47,6 +47,7 @@ class HeadRowLayout:
         self.num_local = 1 << sum(1 for kind, _ in col_bits if kind == "local")
         self.lanes_per_row = 1 << sum(1 for kind, _ in col_bits if kind == "lane")
         assert col_bits[0] == ("local", 0), "RoPE pairs and FP4 nibble pairs must be thread-local"
+        assert col_bits[6][0] == "local", "which half gets RoPE must be known at compile time"
 
     def local_mask(self, b: int) -> int:
         kind, i = self.col_bits[b]
@@ -64,6 +65,15 @@ class HeadRowLayout:
                 col |= 1 << b
         return col
 
+    def rope_pairs(self) -> list:
+        """[(local index of x, static part of its pair index)] for every RoPE pair; the
+        run-time part of each pair index is column_lane_bits(lane) // 2."""
+        return [
+            (l, (self.column_static(l) - ROPE_DIMS) // 2)
+            for l in range(0, self.num_local, 2)
+            if self.column_static(l) >= ROPE_DIMS
+        ]
+
     def column_lane_bits(self, lane_in_row):
         """Column bits that come from the lane (a run-time Int32)."""
         col = Int32(0)
@@ -74,8 +84,15 @@ class HeadRowLayout:
 
 
 # SM90 WGMMA accumulator: a row's columns are 8j + 2q + v, q = lane % 4, local = 2j + v.
-SM90_ROW_LAYOUT = HeadRowLayout(
+SM90_ACC_ROW_LAYOUT = HeadRowLayout(
     (("local", 0), ("lane", 0), ("lane", 1), ("local", 1), ("local", 2), ("local", 3), ("local", 4))
+)
+# The sm_90a epilogue warpgroup reads bf16 rows from shared memory, 4 lanes a row: lane q
+# holds columns 16*(q&1) + 32*(q>>1) + {0..15} and the same + 64. Column bit 6 (the RoPE
+# half) is local, each MXFP4 block spans 2 lanes, and the packed bytes come out as
+# 8-byte runs, so stores are wide.
+SM90_EPI_ROW_LAYOUT = HeadRowLayout(
+    (("local", 0), ("local", 1), ("local", 2), ("local", 3), ("lane", 0), ("lane", 1), ("local", 4))
 )
 # SM100 tcgen05.ld 32x32b: one thread owns a whole row.
 SM100_ROW_LAYOUT = HeadRowLayout(tuple(("local", b) for b in range(7)))
@@ -123,6 +140,22 @@ def fmax_nan(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def fmax_abs_nan(m: Float32, v: Float32, *, loc=None, ip=None) -> Float32:
+    """max(m, |v|), NaN-propagating; ptxas folds the abs into the max."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(m).ir_value(loc=loc, ip=ip), Float32(v).ir_value(loc=loc, ip=ip)],
+            "{ .reg .f32 t; abs.f32 t, $2; max.NaN.f32 $0, $1, t; }",
+            "=f,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
 def round_bf16(a: Float32, *, loc=None, ip=None) -> Float32:
     """fp32 -> bf16 (round to nearest even) -> fp32."""
     return Float32(
@@ -136,6 +169,22 @@ def round_bf16(a: Float32, *, loc=None, ip=None) -> Float32:
             asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
+
+
+def bf16x2_word(lo: Float32, hi: Float32) -> Int32:
+    """Two fp32 -> one word of two bf16 (RNE): `lo` in bits 0..15."""
+    return cute.arch.inline_ptx(
+        "cvt.rn.bf16x2.f32 {$w0}, {$r0}, {$r1};", write_only_types=[Int32], read_only_args=[hi, lo]
+    )
+
+
+def bf16x2_unpack(word: Int32):
+    """One word of two bf16 -> (lo, hi) as exact fp32."""
+    return (word << 16).bitcast(Float32), (word & Int32(-65536)).bitcast(Float32)
+
+
+def round_bf16_pair(lo: Float32, hi: Float32):
+    return bf16x2_unpack(bf16x2_word(lo, hi))
 
 
 @dsl_user_op
@@ -154,6 +203,21 @@ def cvt_e4m3x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Int32:
     )
 
 
+def load_f32x4(ptr) -> tuple:
+    """16-byte global load through the read-only path; `ptr` must be 16-byte aligned."""
+    return cute.arch.inline_ptx(
+        "ld.global.nc.v4.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Float32] * 4,
+        read_only_args=[ptr],
+    )
+
+
+def store_i32_if(ptr, value: Int32, pred) -> None:
+    """Predicated 4-byte global store: no branch, so the compiler can schedule the
+    epilogue of several rows as one block."""
+    cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[ptr, Int32(value)], predicate=pred)
+
+
 def ceil_log2_exact(x: Float32) -> Int32:
     """ceil(log2(x)) for a positive float, from its bits; capped at 128 so that an
     Inf/NaN amax gives the UE8M0 byte 0xFF."""
@@ -169,29 +233,33 @@ def exp2_neg(e: Int32) -> Float32:
 
 
 def e2m1_code(y: Float32, rne: bool) -> Int32:
-    """E2M1 nibble of y (|y| <= 6 up to rounding): magnitude code + sign bit 3.
-    floor-ties: a tie goes down; rne: a tie goes to the even code."""
-    a = sel_f32(y < 0.0, -y, y)
-    code = sel_i32(a > 0.25, 1, 0)
-    code = code + sel_i32(a > 1.25, 1, 0)
-    code = code + sel_i32(a > 2.5, 1, 0)
-    code = code + sel_i32(a > 5.0, 1, 0)
-    if (rne):
-        code = code + sel_i32(a >= 0.75, 1, 0)
-        code = code + sel_i32(a >= 1.75, 1, 0)
-        code = code + sel_i32(a >= 3.5, 1, 0)
-    else:
-        code = code + sel_i32(a > 0.75, 1, 0)
-        code = code + sel_i32(a > 1.75, 1, 0)
-        code = code + sel_i32(a > 3.5, 1, 0)
-    sign = sel_i32(y < 0.0, 8, 0)
-    return code | sel_i32(code != 0, sign, 0)
+    """E2M1 nibble of y (magnitude code + sign bit 3), for y = (bf16 value) * 2^-e.
+
+    The magnitude is rounded to one mantissa bit in the integer domain: adding
+    0x1FFFFF (plus the kept bit, for rne) below bit 22 rounds ties down (floor-ties)
+    or to even (rne), and the carry moves into the exponent, so
+    code = ((bits + bias) >> 22) - 252 for |y| in [1, 8), clamped to 7 (= 6.0).
+    Below 1 the E2M1 spacing is 0.5 as in [1, 2), so |y| + 1 takes the same path
+    (code - 2); that add is exact because y carries at most 8 significant bits."""
+    ybits = y.bitcast(Int32)
+    a = (ybits & 0x7FFFFFFF).bitcast(Float32)
+    small = a < 1.0
+    c = (a + sel_f32(small, 1.0, 0.0)).bitcast(Int32)
+    bias = Int32(0x1FFFFF)
+    if rne:
+        bias = bias + ((c >> 22) & 1)
+    code = ((c + bias) >> 22) - sel_i32(small, 254, 252)
+    code = cutlass.min(code, Int32(7))
+    # sign only for a non-zero code (no -0): bit 3 of code + 7 is set iff code >= 1
+    return code | ((ybits >> 28) & 8 & (code + 7))
 
 
-def lane_butterfly(v: Float32, lane_xor: int, is_upper) -> Float32:
-    """One Hadamard butterfly across lanes: lower index gets a + b, upper gets a - b."""
+def lane_butterfly(v: Float32, lane_xor: int, sign: Float32) -> Float32:
+    """One Hadamard butterfly across lanes: the lower index gets a + b, the upper a - b.
+    With sign = +1 (lower) or -1 (upper), v * sign + other is that one rounded add,
+    fused into an FMA or not (v * sign is exact)."""
     other = cute.arch.shuffle_sync_bfly(v, offset=lane_xor)
-    return sel_f32(is_upper, other - v, v + other)
+    return v * sign + other
 
 
 def lane_max(v: Float32, lane_xor: int) -> Float32:
@@ -203,22 +271,17 @@ def bf16_round_row(vals: list) -> list:
     return [round_bf16(v) for v in vals]
 
 
-def rope_row(vals: list, layout: HeadRowLayout, lane_in_row, cos_sin_row, use_identity) -> list:
-    """SPEC step 3 on bf16-valued fp32 `vals`: GPT-J pairs on columns 64..127.
-    `cos_sin_row(i)` returns (cos, sin) of pair i; `use_identity` forces c=1, s=0."""
-    lane_cols = layout.column_lane_bits(lane_in_row)
+def rope_row(vals: list, layout: HeadRowLayout, cos_vals: list, sin_vals: list) -> list:
+    """SPEC step 3 on bf16-valued fp32 `vals`: GPT-J pairs on columns 64..127. cos_vals[k]
+    and sin_vals[k] belong to the k-th entry of layout.rope_pairs() (the caller loads
+    them, c = 1 and s = 0 for an out-of-range position)."""
     out = list(vals)
-    for local in range(0, layout.num_local, 2):
-        col_static = layout.column_static(local)
-        if (col_static >= ROPE_DIMS):
-            pair = (Int32(col_static - ROPE_DIMS) + lane_cols) >> 1
-            c, s = cos_sin_row(pair)
-            c = sel_f32(use_identity, 1.0, c)
-            s = sel_f32(use_identity, 0.0, s)
-            x = vals[local]
-            y = vals[local + 1]
-            out[local] = round_bf16(mul_rn(x, c) - mul_rn(y, s))
-            out[local + 1] = round_bf16(mul_rn(x, s) + mul_rn(y, c))
+    for k, (local, _) in enumerate(layout.rope_pairs()):
+        c, s = cos_vals[k], sin_vals[k]
+        x, y = vals[local], vals[local + 1]
+        out[local], out[local + 1] = round_bf16_pair(
+            mul_rn(x, c) - mul_rn(y, s), mul_rn(x, s) + mul_rn(y, c)
+        )
     return out
 
 
@@ -239,16 +302,18 @@ def hadamard_row(vals: list, layout: HeadRowLayout, lane_in_row) -> list:
             cur = nxt
         else:
             xm = layout.lane_mask(b)
-            is_upper = (lane_in_row & xm) != 0
-            cur = [lane_butterfly(v, xm, is_upper) for v in cur]
-    return [round_bf16(v * HADAMARD_SCALE) for v in cur]
+            sign = sel_f32((lane_in_row & xm) != 0, -1.0, 1.0)
+            cur = [lane_butterfly(v, xm, sign) for v in cur]
+    out = []
+    for i in range(0, len(cur), 2):
+        out.extend(round_bf16_pair(cur[i] * HADAMARD_SCALE, cur[i + 1] * HADAMARD_SCALE))
+    return out
 
 
 def absmax_over(vals: list, locals_: tuple, lane_masks: tuple) -> Float32:
     m = Float32(0.0)
     for local in range(len(locals_)):
-        v = vals[locals_[local]]
-        m = fmax_nan(m, sel_f32(v < 0.0, -v, v))
+        m = fmax_abs_nan(m, vals[locals_[local]])
     for xm in range(len(lane_masks)):
         m = lane_max(m, lane_masks[xm])
     return fmax_nan(m, Float32(AMAX_FLOOR))
@@ -258,27 +323,33 @@ def _lane_masks_below(layout: HeadRowLayout, nbits: int) -> tuple:
     return tuple(layout.lane_mask(b) for b in range(nbits) if layout.lane_mask(b))
 
 
-def _locals_with_high_bits(layout: HeadRowLayout, low_bits: int, block: int) -> tuple:
-    """Local indices whose column (lane bits ignored) lies in block `block` of 2^low_bits."""
-    return tuple(
-        l for l in range(layout.num_local) if (layout.column_static(l) >> low_bits) == block
-    )
+def _block_groups(layout: HeadRowLayout) -> dict:
+    """Local indices grouped by the MXFP4 block they fall in, keyed by the block's static
+    column (the lane bits of the column add to it at run time)."""
+    groups: dict = {}
+    for l in range(layout.num_local):
+        groups.setdefault(layout.column_static(l) >> 5 << 5, []).append(l)
+    return groups
 
 
-def mxfp4_row(vals: list, layout: HeadRowLayout, rne: bool):
-    """SPEC step 5 on one head row. Returns (bytes, scale_word): `bytes[p]` is the
-    packed byte of local pair p = (2p, 2p+1) (its column byte index is
-    column(2p) / 2), and `scale_word` the four UE8M0 bytes, little-endian."""
+def mxfp4_row(vals: list, layout: HeadRowLayout, lane_in_row, rne: bool):
+    """SPEC step 5 on one head row. Returns (packed, scale_word): packed[p] is the byte
+    of local pair (2p, 2p+1), whose column byte index is column(2p) / 2; scale_word holds
+    the four UE8M0 bytes, little-endian, in every lane of the row."""
     nibbles = [Int32(0)] * layout.num_local
     scale_word = Int32(0)
-    for blk in range(HEAD_DIM // MXFP4_BLOCK):
-        locals_ = _locals_with_high_bits(layout, 5, blk)
-        amax = absmax_over(vals, locals_, _lane_masks_below(layout, 5))
+    lane_cols = layout.column_lane_bits(lane_in_row)
+    for block_static, locals_ in _block_groups(layout).items():
+        amax = absmax_over(vals, tuple(locals_), _lane_masks_below(layout, 5))
         e = ceil_log2_exact(amax / FP4_MAX)
         inv = exp2_neg(e)
-        for i in range(len(locals_)):
-            nibbles[locals_[i]] = e2m1_code(vals[locals_[i]] * inv, rne)
-        scale_word = scale_word | (((e + 127) & 0xFF) << (8 * blk))
+        for l in locals_:
+            nibbles[l] = e2m1_code(vals[l] * inv, rne)
+        block = (lane_cols + block_static) >> 5
+        scale_word = scale_word | (((e + 127) & 0xFF) << (block * 8))
+    for b in range(5, 7):  # gather the bytes of blocks held by other lanes of the row
+        if layout.lane_mask(b):
+            scale_word = scale_word | cute.arch.shuffle_sync_bfly(scale_word, offset=layout.lane_mask(b))
     packed = [nibbles[2 * p] | (nibbles[2 * p + 1] << 4) for p in range(layout.num_local // 2)]
     return packed, scale_word
 

@@ -17,8 +17,9 @@ class GemmConfig:
     arch: str = "sm_90a"
     kind: str = "native"  # "native" (tokens on the MMA's M side) or "swap_ab"
     tile_m: int = 128  # tokens per CTA tile (native); 64 per consumer warpgroup
-    stages: int = 6  # shared-memory ring depth of the TMA pipeline
+    stages: int = 0  # shared-memory ring depth of the TMA pipeline; 0 = as many as fit
     cluster_m: int = 1  # CTAs per cluster along M; >1 multicasts the weight tile
+    cluster_n: int = 1  # CTAs per cluster along N (heads); >1 multicasts the activation tile
     raster_along_m: bool = True
     swizzle: int = 1  # tile-scheduler swizzle, in clusters
     # WGMMAs (k=32 each) between promotions of the partial accumulator; fewer = closer
@@ -28,6 +29,9 @@ class GemmConfig:
     fp4_rounding: str = "floor-ties"
     out_format: str = "mxfp4"
     positions_dtype: str = "int64"
+    # False builds a mainloop-only variant that writes nothing: a profiling probe that
+    # measures what the epilogue costs. Never chosen by the tuner.
+    epilogue: bool = True
 
     @property
     def out_format_id(self) -> int:
@@ -48,6 +52,8 @@ class GemmConfig:
             out.append(f"unknown out_format {self.out_format!r}")
         if self.fp4_rounding not in ("floor-ties", "rne"):
             out.append(f"unknown fp4_rounding {self.fp4_rounding!r}")
+        if (n // HEAD_DIM) % self.cluster_n:
+            out.append(f"{n // HEAD_DIM} heads are not a multiple of cluster_n={self.cluster_n}")
         if self.positions_dtype not in ("int32", "int64"):
             out.append(f"positions dtype {self.positions_dtype!r}")
         return out

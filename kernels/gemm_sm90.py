@@ -6,8 +6,13 @@ ring of (A tile, W tile) stages; 1 or 2 consumer warpgroups each own 64 token ro
 (m64n128k32, e4m3 x e4m3 -> fp32) into a partial accumulator, waits, and promotes it
 into the main one with that block's scales (activation scale per row x weight scale
 per 128x128 block). The two consumers interleave, so one's promotion runs under the
-other's WGMMAs (DeepGEMM's sm90 scheme). The epilogue (kernels/epilogue.py) then
-turns each thread's two head rows into RoPE'd, optionally rotated, quantized bytes.
+other's WGMMAs (DeepGEMM's sm90 scheme).
+
+The epilogue runs in its own warpgroup so that it overlaps the next tile's mainloop:
+consumers round the finished tile to bf16 (SPEC step 2's rounding) into one of two
+shared-memory buffers and go on; the epilogue warpgroup reads it back 4 lanes per row
+and applies kernels/epilogue.py (RoPE, Hadamard, MXFP4 / FP8) and writes the outputs.
+Warpgroups: 0 = TMA producer, 1..C = MMA consumers, C+1 = epilogue.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, Uint8
+from cutlass import Float32, Int32
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue as epi
@@ -27,6 +32,9 @@ from .gemm_base import SCALE_BLOCK_K, FusedIndexerQGemmBase, GemmConfig
 WARPGROUP = 128
 ROWS_PER_CONSUMER = 64
 SMEM_CAPACITY = 227 * 1024
+EPI_BUFFERS = 2  # bf16 tiles in flight between the consumers and the epilogue warpgroup
+EPI_ROWS_PER_PASS = 32  # 4 warps x 8 rows, 4 lanes a row
+WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
 
 
 class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
@@ -40,22 +48,31 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             out.append(f"tile_m={config.tile_m} (sm_90a native: 64 or 128)")
         if config.mma_per_promotion not in (1, 2, 4):
             out.append(f"mma_per_promotion={config.mma_per_promotion} (1, 2 or 4)")
-        if config.cluster_m not in (1, 2):
-            out.append(f"cluster_m={config.cluster_m} (1 or 2)")
-        stage_bytes = (config.tile_m + epi.HEAD_DIM) * SCALE_BLOCK_K
-        if not 2 <= config.stages or config.stages * stage_bytes + 4096 > SMEM_CAPACITY:
-            out.append(f"stages={config.stages} does not fit shared memory")
+        if config.cluster_m not in (1, 2) or config.cluster_n not in (1, 2):
+            out.append(f"cluster {config.cluster_m}x{config.cluster_n} (each 1 or 2)")
+        if config.stages and not 2 <= config.stages <= cls.max_stages(config):
+            out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out
+
+    @staticmethod
+    def max_stages(config: GemmConfig) -> int:
+        stage_bytes = (config.tile_m + epi.HEAD_DIM) * SCALE_BLOCK_K
+        epi_bytes = EPI_BUFFERS * config.tile_m * epi.HEAD_DIM * 2
+        return (SMEM_CAPACITY - epi_bytes - 1024) // stage_bytes
 
     def __init__(self, config: GemmConfig):
         super().__init__(config)
+        self.stages = config.stages or self.max_stages(config)
         self.tile_shape_mnk = (config.tile_m, epi.HEAD_DIM, SCALE_BLOCK_K)
         self.num_consumers = config.tile_m // ROWS_PER_CONSUMER
-        self.threads = WARPGROUP * (1 + self.num_consumers)
-        self.cluster_shape_mn = (config.cluster_m, 1)
+        self.epi_wg = 1 + self.num_consumers
+        self.threads = WARPGROUP * (2 + self.num_consumers)
+        self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
+        # setmaxnreg budgets: 128 x (producer + epilogue) + 128 x consumers x consumer <= 64K
         self.producer_regs = 40
-        self.consumer_regs = 232 if self.num_consumers == 2 else 240
-        self.row_layout = epi.SM90_ROW_LAYOUT
+        self.epilogue_regs = 128
+        self.consumer_regs = 168 if self.num_consumers == 2 else 232
+        self.row_layout = epi.SM90_EPI_ROW_LAYOUT
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -67,7 +84,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         w_scale: cute.Tensor,  # f32 [N/128, K/128]
         positions: cute.Tensor,  # int32/int64 [M]
         cos_sin: cute.Tensor,  # f32 [P, 64]
-        out_q: cute.Tensor,  # uint8 [M, N/2] (mxfp4) or [M, N] (fp8 bytes)
+        out_q: cute.Tensor,  # int32 words [M, N/8] (packed mxfp4) or [M, N/4] (e4m3 bytes)
         out_scale: cute.Tensor,  # int32 [M, H] (UE8M0 words, or fp32 bits of 2^e)
         max_active_clusters: cutlass.Constexpr,
         stream,
@@ -87,7 +104,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             tiler_mn=(ROWS_PER_CONSUMER, epi.HEAD_DIM),
         )
         bm, bn, bk = self.tile_shape_mnk
-        stages = self.config.stages
+        stages = self.stages
         a_atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(a_layout, self.a_dtype, bk), self.a_dtype
         )
@@ -99,8 +116,13 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
 
         a_smem = cute.slice_(self.a_smem_staged, (None, None, 0))
         b_smem = cute.slice_(self.b_smem_staged, (None, None, 0))
+        a_op = (
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
+            if self.config.cluster_n > 1
+            else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+        )
         tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a, a_smem, (bm, bk)
+            a_op, a, a_smem, (bm, bk), num_multicast=self.config.cluster_n
         )
         b_op = (
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
@@ -122,9 +144,13 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         )
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
 
+        epi_words = EPI_BUFFERS * bm * WORDS_PER_ROW
+
         @cute.struct
         class SharedStorage:
             pipeline_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            epi_mbar: cute.struct.MemRange[cutlass.Int64, EPI_BUFFERS * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[Int32, epi_words], 1024]
             sA: cute.struct.Align[
                 cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024
             ]
@@ -176,7 +202,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         sched_params: utils.PersistentTileSchedulerParams,
     ):
         bm, bn, bk = self.tile_shape_mnk
-        stages = self.config.stages
+        stages = self.stages
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -186,7 +212,11 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         cta_layout_mnk = cute.make_layout((*self.cluster_shape_mn, 1))
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         cluster_coord = cta_layout_mnk.get_flat_coord(cta_rank)
+        # The weight tile is shared along the cluster's M, the activation tile along its N.
+        a_mcast_mask = 0
         b_mcast_mask = 0
+        if cutlass.const_expr(self.config.cluster_n > 1):
+            a_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=1)
         if cutlass.const_expr(self.config.cluster_m > 1):
             b_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0)
 
@@ -196,7 +226,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        consumer_arrivals = self.config.cluster_m * self.num_consumers * 4
+        # Each consumer warp releases a stage to every CTA that multicasts into it.
+        consumer_arrivals = (self.config.cluster_m + self.config.cluster_n - 1) * self.num_consumers * 4
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.pipeline_mbar.data_ptr(),
             num_stages=stages,
@@ -206,15 +237,30 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
             defer_sync=True,
         )
+        epi_pipeline = pipeline.PipelineAsync.create(
+            barrier_storage=storage.epi_mbar.data_ptr(),
+            num_stages=EPI_BUFFERS,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumers * WARPGROUP),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, WARPGROUP),
+            defer_sync=True,
+        )
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+        # bf16 tiles for the epilogue: [buffer, row, word], 16-byte chunks XOR-swizzled by row.
+        sQ = storage.sQ.get_tensor(cute.make_layout((EPI_BUFFERS, bm, WORDS_PER_ROW),
+                                                    stride=(bm * WORDS_PER_ROW, WORDS_PER_ROW, 1)))
 
         sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         # (bM, bK, tiles_m, tiles_k) and (bN, bK, tiles_n, tiles_k)
         gA = cute.local_tile(mA, (bm, bk), (None, None))
         gB = cute.local_tile(mB, (bn, bk), (None, None))
+        a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-            tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+            tma_atom_a,
+            cluster_coord[1],
+            a_cta_layout,
+            cute.group_modes(sA, 0, 2),
+            cute.group_modes(gA, 0, 2),
         )
         b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
         tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
@@ -233,25 +279,32 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             if warp_idx == 0:
                 self._producer(
                     ab_pipeline, tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB,
-                    b_mcast_mask, k_tiles, sched_params,
+                    a_mcast_mask, b_mcast_mask, k_tiles, sched_params,
+                )
+        elif warpgroup == self.epi_wg:
+            cute.arch.setmaxregister_decrease(self.epilogue_regs)
+            if cutlass.const_expr(self.config.epilogue):
+                self._epilogue(
+                    epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
+                    positions, cos_sin, out_q, out_scale, a_scale.shape[0],
                 )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self._consumer(
-                ab_pipeline, tiled_mma, sA, sB, warpgroup - 1, tidx - WARPGROUP, k_tiles,
-                sched_params, a_scale, w_scale, positions, cos_sin, out_q, out_scale,
+                ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, warpgroup - 1, tidx - WARPGROUP,
+                k_tiles, sched_params, a_scale, w_scale,
             )
 
     @cute.jit
     def _producer(
-        self, ab_pipeline, tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, b_mcast_mask,
-        k_tiles, sched_params,
+        self, ab_pipeline, tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, a_mcast_mask,
+        b_mcast_mask, k_tiles, sched_params,
     ):
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
         work = sched.initial_work_tile_info()
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.stages)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         while work.is_valid_tile:
             tile = work.tile_idx
             tAgA_m = tAgA[(None, tile[0], None)]
@@ -259,7 +312,10 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             for kt in range(k_tiles):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
-                cute.copy(tma_atom_a, tAgA_m[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(
+                    tma_atom_a, tAgA_m[(None, kt)], tAsA[(None, state.index)],
+                    tma_bar_ptr=bar, mcast_mask=a_mcast_mask,
+                )
                 cute.copy(
                     tma_atom_b, tBgB_n[(None, kt)], tBsB[(None, state.index)],
                     tma_bar_ptr=bar, mcast_mask=b_mcast_mask,
@@ -272,8 +328,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
 
     @cute.jit
     def _consumer(
-        self, ab_pipeline, tiled_mma, sA, sB, consumer_idx, ctidx, k_tiles, sched_params,
-        a_scale, w_scale, positions, cos_sin, out_q, out_scale,
+        self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, consumer_idx, ctidx, k_tiles,
+        sched_params, a_scale, w_scale,
     ):
         bm, bn, bk = self.tile_shape_mnk
         thr_mma = tiled_mma.get_slice(ctidx)
@@ -287,25 +343,24 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         mma_per_stage = cute.size(tCrA, mode=[2])
 
         m = a_scale.shape[0]
-        num_pos = cos_sin.shape[0]
         lane = cute.arch.lane_idx()
         warp_in_wg = (ctidx // 32) % 4
-        lane_in_row = lane % 4
-        # Row of this thread's first value inside the tile (the second is 8 below).
+        quad_lane = lane % 4
+        # Row of this thread's first accumulator row inside the tile (the second is 8 below).
         row_in_tile = consumer_idx * ROWS_PER_CONSUMER + warp_in_wg * 16 + lane // 4
 
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
         work = sched.initial_work_tile_info()
-        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.config.stages)
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, EPI_BUFFERS)
         while work.is_valid_tile:
             tile = work.tile_idx
-            row0 = tile[0] * bm + row_in_tile
             head = tile[1]
             # Scale rows are clamped so that rows past M never read out of bounds.
-            srow0 = cutlass.min(row0, m - 1)
-            srow1 = cutlass.min(row0 + 8, m - 1)
+            srow0 = cutlass.min(tile[0] * bm + row_in_tile, m - 1)
+            srow1 = cutlass.min(tile[0] * bm + row_in_tile + 8, m - 1)
             acc.fill(0.0)
             # Scales are loaded one K block ahead so their latency hides under the
             # previous block's WGMMAs instead of stalling the promotion.
@@ -340,60 +395,115 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                             acc[i] = acc[i] + partial[i] * s1
                 read_state.advance()
 
-            for h in cutlass.range_constexpr(2):
-                row = row0 + 8 * h
-                vals = [acc[(i % 2) + 2 * h + 4 * (i // 2)] for i in range(32)]
-                self._epilogue_row(
-                    vals, row, head, m, num_pos, lane_in_row, positions, cos_sin, out_q, out_scale
-                )
+            if cutlass.const_expr(self.config.epilogue):
+                # Hand the tile to the epilogue warpgroup as bf16 (SPEC step 2's rounding).
+                epi_pipeline.producer_acquire(epi_state)
+                for h in cutlass.range_constexpr(2):
+                    r = row_in_tile + 8 * h
+                    for j in cutlass.range_constexpr(16):
+                        word = epi.bf16x2_word(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1])
+                        sQ[epi_state.index, r, self._swizzled_word(r, j * 4 + quad_lane)] = word
+                epi_pipeline.producer_commit(epi_state)
+                epi_state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
 
+    @staticmethod
+    def _swizzled_word(row, word):
+        """Word index inside a row of the bf16 tile: the 16-byte chunk is XORed with
+        row % 8, so the consumers' 4-byte and the epilogue's 16-byte accesses are both
+        free of bank conflicts."""
+        return ((word >> 2) ^ (row & 7)) * 4 + (word & 3)
+
     @cute.jit
-    def _epilogue_row(
-        self, vals, row, head, m, num_pos, lane_in_row, positions, cos_sin, out_q, out_scale
-    ):
+    def _epilogue(self, epi_pipeline, sQ, etidx, sched_params, positions, cos_sin, out_q, out_scale, m):
+        bm = self.tile_shape_mnk[0]
         layout = self.row_layout
-        vals = epi.bf16_round_row(vals)
-        safe_row = cutlass.min(row, m - 1)
-        pos = positions[safe_row]
+        num_pos = cos_sin.shape[0]
+        lane = cute.arch.lane_idx()
+        lane_in_row = lane % 4
+        row_in_pass = (etidx // 32) * 8 + lane // 4
+        lane_cols = layout.column_lane_bits(lane_in_row)
+        passes = bm // EPI_ROWS_PER_PASS
+
+        sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work = sched.initial_work_tile_info()
+        epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, EPI_BUFFERS)
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            head = tile[1]
+            rows = [tile[0] * bm + p * EPI_ROWS_PER_PASS + row_in_pass for p in range(passes)]
+            # Everything below is one basic block (stores are predicated), and the cos/sin
+            # rows are requested before the tile is ready, so their latency overlaps the wait.
+            cs = [self._load_cos_sin(rows[p], m, num_pos, positions, cos_sin, lane_cols)
+                  for p in range(min(2, passes))]
+            epi_pipeline.consumer_wait(epi_state)
+            for p in cutlass.range_constexpr(passes):
+                if cutlass.const_expr(p + 2 < passes):
+                    cs.append(self._load_cos_sin(rows[p + 2], m, num_pos, positions, cos_sin, lane_cols))
+                r = p * EPI_ROWS_PER_PASS + row_in_pass
+                vals = self._load_row(sQ, epi_state.index, r, layout, lane_cols)
+                vals = epi.rope_row(vals, layout, cs[p][0], cs[p][1])
+                if cutlass.const_expr(self.config.hadamard):
+                    vals = epi.hadamard_row(vals, layout, lane_in_row)
+                if cutlass.const_expr(self.config.out_format_id == epi.OUT_MXFP4):
+                    packed, scale_word = epi.mxfp4_row(vals, layout, lane_in_row, self.config.rne)
+                else:
+                    packed, e = epi.fp8_row(vals, layout, self.config.out_format_id == epi.OUT_FP8)
+                    scale_word = (e + 127) << 23  # fp32 bits of 2^e
+                self._store_row(rows[p], m, head, lane_in_row, lane_cols, packed, scale_word, out_q, out_scale)
+            epi_pipeline.consumer_release(epi_state)
+            epi_state.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+
+    def _load_row(self, sQ, buf, r, layout, lane_cols):
+        """The thread's 32 bf16 values of row r (local order), as exact fp32."""
+        vals = [None] * layout.num_local
+        for local in range(0, layout.num_local, 2):
+            word = (lane_cols + layout.column_static(local)) >> 1
+            vals[local], vals[local + 1] = epi.bf16x2_unpack(sQ[buf, r, self._swizzled_word(r, word)])
+        return vals
+
+    def _load_cos_sin(self, row, m, num_pos, positions, cos_sin, lane_cols):
+        """(cos, sin) lists for the RoPE pairs this thread holds, in layout.rope_pairs()
+        order; identity (1, 0) for a position outside [0, P). Rows past M and such
+        positions never read outside the tensors."""
+        pos = positions[cutlass.min(row, m - 1)]
         pos_ok = (pos >= 0) & (pos < num_pos)
         pos_idx = Int32(cutlass.select_(pos_ok, pos, type(pos)(0)))
-        use_identity = pos_ok == False  # noqa: E712  (DSL boolean, not Python's)
+        pair0 = lane_cols >> 1
+        statics = [k for _, k in self.row_layout.rope_pairs()]
+        assert statics == list(range(statics[0], statics[0] + len(statics))) and len(statics) % 4 == 0
+        cos_vals, sin_vals = [], []
+        for first in range(0, len(statics), 4):  # pair0 is a multiple of 8: 16-byte aligned
+            col = pair0 + statics[first]
+            cos_vals.extend(epi.load_f32x4(cos_sin.iterator + cute.crd2idx((pos_idx, col), cos_sin.layout)))
+            sin_vals.extend(epi.load_f32x4(cos_sin.iterator + cute.crd2idx((pos_idx, col + 32), cos_sin.layout)))
+        cos_vals = [epi.sel_f32(pos_ok, c, 1.0) for c in cos_vals]
+        sin_vals = [epi.sel_f32(pos_ok, v, 0.0) for v in sin_vals]
+        return cos_vals, sin_vals
 
-        def cos_sin_of(pair):
-            return cos_sin[pos_idx, pair], cos_sin[pos_idx, pair + 32]
-
-        vals = epi.rope_row(vals, layout, lane_in_row, cos_sin_of, use_identity)
-        if cutlass.const_expr(self.config.hadamard):
-            vals = epi.hadamard_row(vals, layout, lane_in_row)
-
-        if cutlass.const_expr(self.config.out_format_id == epi.OUT_MXFP4):
-            packed, scale_word = epi.mxfp4_row(vals, layout, self.config.rne)
-        else:
-            packed, e = epi.fp8_row(vals, layout, self.config.out_format_id == epi.OUT_FP8)
-            scale_word = (e + 127) << 23  # fp32 bits of 2^e
-        if row < m:
-            self._store_row(row, head, lane_in_row, packed, scale_word, out_q, out_scale)
-
-    def _store_row(self, row, head, lane_in_row, packed, scale_word, out_q, out_scale):
-        """Plain trace-time helper (called under the row guard): byte stores of one row."""
+    def _store_row(self, row, m, head, lane_in_row, lane_cols, packed, scale_word, out_q, out_scale):
+        """Word stores of one row, predicated on row < M. out_q is viewed as int32
+        words; 4 consecutive packed bytes (or 2 e4m3 pairs) make one word."""
         layout = self.row_layout
-        lane_cols = layout.column_lane_bits(lane_in_row)
+        ok = row < m
+        safe_row = cutlass.min(row, m - 1)
         if self.config.out_format_id == epi.OUT_MXFP4:
             base = head * (epi.HEAD_DIM // 2) + (lane_cols >> 1)
-            for p in range(len(packed)):
-                out_q[row, base + layout.column_static(2 * p) // 2] = Uint8(packed[p])
+            for p in range(0, len(packed), 4):
+                word = packed[p] | (packed[p + 1] << 8) | (packed[p + 2] << 16) | (packed[p + 3] << 24)
+                col = (base + layout.column_static(2 * p) // 2) >> 2
+                epi.store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), word, ok)
         else:
             base = head * epi.HEAD_DIM + lane_cols
-            for p in range(len(packed)):
-                col = base + layout.column_static(2 * p)
-                out_q[row, col] = Uint8(packed[p] & 0xFF)
-                out_q[row, col + 1] = Uint8((packed[p] >> 8) & 0xFF)
+            for p in range(0, len(packed), 2):
+                word = (packed[p] & 0xFFFF) | (packed[p + 1] << 16)
+                col = (base + layout.column_static(2 * p)) >> 2
+                epi.store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), word, ok)
         if self.config.out_format_id != epi.OUT_FP8_UNSCALED:
-            self._store_scale(lane_in_row, row, head, scale_word, out_scale)
-
-    @cute.jit
-    def _store_scale(self, lane_in_row, row, head, scale_word, out_scale):
-        if lane_in_row == 0:
-            out_scale[row, head] = scale_word
+            epi.store_i32_if(out_scale.iterator + cute.crd2idx((safe_row, head), out_scale.layout),
+                             scale_word, ok & (lane_in_row == 0))

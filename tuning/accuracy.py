@@ -19,14 +19,17 @@ def main():
     ap.add_argument("--k", type=int, default=1536)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--cublas", action="store_true", help="also score the cuBLAS-based unfused chain")
-    ap.add_argument("--promote", type=int, nargs="+", default=[4], help="mma_per_promotion values")
+    ap.add_argument("--tactic", nargs="+", default=[""], help="'field=value,...' over the heuristic's")
     args = ap.parse_args()
     from indexer_q.dispatch import heuristic_config
     import dataclasses
 
-    for promote, m, hadamard, rounding, seed in itertools.product(
-            args.promote, args.m, (False, True), ("floor-ties", "rne"), range(args.seeds)):
-        tactic = dataclasses.replace(heuristic_config("sm_90a", m, args.n, args.k), mma_per_promotion=promote)
+    from tuning.bench import parse_fields
+
+    for spec, m, hadamard, rounding, seed in itertools.product(
+            args.tactic, args.m, (False, True), ("floor-ties", "rne"), range(args.seeds)):
+        fields = parse_fields(spec) if spec else {}
+        tactic = dataclasses.replace(heuristic_config("sm_90a", m, args.n, args.k), **fields)
         x = make_inputs(m, args.n, args.k, p=4096, seed=seed, device="cuda")
         w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
         q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=hadamard,
@@ -46,7 +49,7 @@ def main():
         a, b = fp4_signed_codes(q), fp4_signed_codes(rq)
         same_scale = (scale_bytes(s) == scale_bytes(rs)).repeat_interleave(32, -1)
         diff = a != b
-        print(f"promote={promote} M={m:6d} had={int(hadamard)} {rounding:10s} seed={seed} codes_eq={1 - diff.double().mean().item():.6f} "
+        print(f"[{spec}] M={m:6d} had={int(hadamard)} {rounding:10s} seed={seed} codes_eq={1 - diff.double().mean().item():.6f} "
               f"scales_eq={(scale_bytes(s) == scale_bytes(rs)).double().mean().item():.6f} "
               f"diff_codes={int(diff.sum())} of {diff.numel()} "
               f"max_step_same_scale={int(torch.where(same_scale, (a - b).abs(), 0).max())}", flush=True)

@@ -50,7 +50,7 @@ def time_graph(call, n_sets: int, reps: int = 20, replays: int = 15) -> float:
 
 def measure_copy_bandwidth() -> float:
     """Bytes read + written per second of a large device-to-device copy."""
-    src = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    src = torch.empty(2**28, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
     us = time_graph(lambda i: dst.copy_(src), 1, reps=5, replays=7)
     return 2 * src.numel() / (us * 1e-6)
@@ -99,6 +99,14 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None)
     return row
 
 
+def parse_fields(spec: str) -> dict:
+    out = {}
+    for item in spec.split(","):
+        key, value = item.split("=")
+        out[key] = value == "True" if value in ("True", "False") else int(value) if value.isdigit() else value
+    return out
+
+
 def environment() -> dict:
     import cutlass
 
@@ -121,7 +129,8 @@ def main(argv=None):
     ap.add_argument("--no-hadamard", action="store_true")
     ap.add_argument("--out-format", default="mxfp4")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--promote", type=int, nargs="*", default=[], help="also force mma_per_promotion")
+    ap.add_argument("--tactic", nargs="*", default=[],
+                    help="also time forced tactics, each 'field=value,field=value' over the heuristic's")
     args = ap.parse_args(argv)
     shapes = {"v4-pro": (8192, 1536), "v4-flash": (8192, 1024), "tp8-pro": (1024, 1536)}
     bw = measure_copy_bandwidth()
@@ -134,8 +143,8 @@ def main(argv=None):
             from indexer_q.dispatch import heuristic_config
             import dataclasses
 
-            tactics = {f"promote{p}": dataclasses.replace(heuristic_config("sm_90a", m, n, k), mma_per_promotion=p)
-                       for p in args.promote}
+            tactics = {spec: dataclasses.replace(heuristic_config("sm_90a", m, n, k), **parse_fields(spec))
+                       for spec in args.tactic}
             row = {"shape": shape} | bench_shape(m, n, k, bw, hadamard=not args.no_hadamard,
                                                   out_format=args.out_format, tactics=tactics)
             rows.append(row)

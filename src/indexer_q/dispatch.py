@@ -82,12 +82,12 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
 
         out = empty_outputs(t, heads, out_format, dev)
     q, q_scale = out
-    q_bytes = q.view(torch.uint8).view(t, -1)
+    q_words = q.view(torch.uint8).view(t, -1).view(torch.int32)
     if q_scale is not None:
         scale_words = q_scale.view(torch.int32)
     else:
         scale_words = torch.empty(1, 1, dtype=torch.int32, device=dev)
-    kernel(a_fp8, a_scale, weights.weight, weights.weight_scale, positions, cos_sin, q_bytes, scale_words)
+    kernel(a_fp8, a_scale, weights.weight, weights.weight_scale, positions, cos_sin, q_words, scale_words)
     return q, q_scale
 
 

@@ -38,7 +38,7 @@ def _fake_fused_args(config, n: int, k: int):
     p = cute.sym_int()
     heads = n // 128
     pos_dtype = cutlass.Int64 if config.positions_dtype == "int64" else cutlass.Int32
-    q_cols = n // 2 if config.out_format == "mxfp4" else n
+    q_words = n // 8 if config.out_format == "mxfp4" else n // 4
     rowmaj = (1, 0)
     return [
         make_fake_compact_tensor(cutlass.Float8E4M3FN, (m, k), stride_order=rowmaj, assumed_align=16),
@@ -47,9 +47,9 @@ def _fake_fused_args(config, n: int, k: int):
         make_fake_compact_tensor(cutlass.Float32, (heads, k // 128), stride_order=rowmaj, assumed_align=16),
         make_fake_compact_tensor(pos_dtype, (m,), assumed_align=8),
         make_fake_compact_tensor(cutlass.Float32, (p, 64), stride_order=rowmaj, assumed_align=16),
-        make_fake_compact_tensor(cutlass.Uint8, (m, q_cols), stride_order=rowmaj, assumed_align=16),
+        make_fake_compact_tensor(cutlass.Int32, (m, q_words), stride_order=rowmaj, assumed_align=16),
         make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()), stride_order=rowmaj, assumed_align=4),
-        H200_SMS,
+        H200_SMS // (config.cluster_m * config.cluster_n),  # clusters resident at once
         make_fake_stream(use_tvm_ffi_env_stream=True),
     ]
 
