@@ -72,6 +72,11 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         self.producer_regs = 40
         self.epilogue_regs = 128
         self.consumer_regs = 168 if self.num_consumers == 2 else 232
+        # setmaxnreg moves registers inside the CTA's launch allocation (65536 / threads,
+        # rounded down to 8, per thread): asking for more makes the increase wait forever.
+        launch = (65536 // self.threads) // 8 * 8 * self.threads
+        total = WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs + self.epilogue_regs)
+        assert total <= launch, f"setmaxnreg budgets need {total} of {launch} registers"
         self.row_layout = epi.SM90_EPI_ROW_LAYOUT
 
     # ------------------------------------------------------------------ host side
