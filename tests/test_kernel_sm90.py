@@ -62,7 +62,8 @@ def _run_twice(x, weights, **opts):
     outs = []
     for byte in (0x00, 0xA5):
         out = _poisoned(x["qr"].shape[0], weights.heads, opts["out_format"], byte)
-        outs.append(dispatch.run_fused(x["qr"], weights, x["positions"], x["cos_sin"], out=out, **opts))
+        outs.append(dispatch.run_fused(x["qr"], weights, x["positions"], x["cos_sin"], out=out,
+                                       verified_only=False, **opts))
     torch.cuda.synchronize()
     (q0, s0), (q1, s1) = outs
     assert torch.equal(q0.view(torch.uint8), q1.view(torch.uint8)), "some q bytes were never written"

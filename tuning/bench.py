@@ -53,7 +53,7 @@ def measure_copy_bandwidth() -> float:
     src = torch.empty(2**28, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
     us = time_graph(lambda i: dst.copy_(src), 1, reps=5, replays=7)
-    return 2 * src.numel() / (us * 1e-6)
+    return 2 * src.numel() * src.element_size() / (us * 1e-6)
 
 
 def cublas_args(x):

@@ -63,23 +63,28 @@ def cmd_info(args) -> int:
 
 
 # ----------------------------------------------------------------------------------
-def _print_compile(arch: str, out_dir) -> None:
+def _print_compile(arch: str, out_dir) -> bool:
+    """Compile every kernel for `arch`, print one line each; False if a PTX check failed."""
     from . import dispatch
 
     results = dispatch.compile_for_arch(arch, out_dir)
     if not results:
         print(f"compile {arch}: no kernels are built yet, nothing was compiled")
-        return
+        return True
+    ok = True
     for r in results:
         checks = r.get("checks") or {}
+        ok = ok and all(checks.values())
         checks_s = " ".join(f"{k}={'ok' if v else 'FAIL'}" for k, v in checks.items()) or "-"
         print(f"compile {r.get('arch', arch)}: {r.get('kernel', '?')}  "
               f"{float(r.get('seconds', 0.0)):.1f} s  ptx={r.get('ptx') or '-'}  checks: {checks_s}")
+    if arch not in dispatch.FUSED_KERNELS:
+        print(f"compile {arch}: the fused indexer-Q kernel for {arch} is not built yet")
+    return ok
 
 
 def cmd_compile(args) -> int:
-    _print_compile(args.arch, args.out)
-    return 0
+    return 0 if _print_compile(args.arch, args.out) else 1
 
 
 # ----------------------------------------------------------------------------------

@@ -18,6 +18,10 @@ class KernelUnavailableError(NotImplementedError):
 
 # arch -> the kernel module's class name, looked up lazily (no CuTe DSL import until used).
 FUSED_KERNELS = {"sm_90a": "gemm_sm90.Sm90FusedIndexerQ"}
+# Output formats whose kernel output has passed the SPEC's criteria on hardware. The
+# kernel computes the others too (tests reach them through run_fused), but the public op
+# refuses them until they pass: it must never hand out unverified bytes.
+VERIFIED_FORMATS = {"sm_90a": ("mxfp4",)}
 
 
 def heuristic_config(arch: str, m: int, n: int, k: int):
@@ -59,9 +63,10 @@ def _arch_of(device):
 
 
 def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_format, tactic=None,
-              out=None):
+              out=None, verified_only=True):
     """Launch on already-validated inputs; returns (q, q_scale) as api.fused_indexer_q documents.
-    `out`: preallocated (q, q_scale) of the right dtype/shape (tests poison them)."""
+    `out`: preallocated (q, q_scale) of the right dtype/shape (tests poison them);
+    `verified_only=False` lets tests run formats not yet verified on hardware."""
     from . import jit
 
     arch = weights.arch
@@ -72,6 +77,11 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
         )
     t, k = qr.shape
     n, heads = weights.n, weights.heads
+    if verified_only and out_format not in VERIFIED_FORMATS.get(arch, ()):
+        raise KernelUnavailableError(
+            f"fused_indexer_q: out_format={out_format!r} is not verified on {arch} yet "
+            f"(verified: {', '.join(VERIFIED_FORMATS.get(arch, ())) or 'none'}); "
+            "indexer_q.reference.fused_indexer_q computes it")
     config = _config_for_call(arch, t, n, k, tactic, hadamard=hadamard, fp4_rounding=fp4_rounding,
                               out_format=out_format, positions=positions)
     kernel = jit.compile_fused(config, n, k)
