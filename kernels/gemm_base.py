@@ -29,8 +29,6 @@ class GemmConfig:
     fp4_rounding: str = "floor-ties"
     out_format: str = "mxfp4"
     positions_dtype: str = "int64"
-    # Warpgroups running the epilogue (RoPE, Hadamard, quantization) beside the mainloop.
-    epilogue_warpgroups: int = 1
     # False builds a mainloop-only variant that writes nothing: a profiling probe that
     # measures what the epilogue costs. Never chosen by the tuner.
     epilogue: bool = True

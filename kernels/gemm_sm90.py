@@ -33,7 +33,7 @@ WARPGROUP = 128
 ROWS_PER_CONSUMER = 64
 SMEM_CAPACITY = 227 * 1024
 EPI_BUFFERS = 2  # bf16 tiles in flight between the consumers and the epilogue warpgroup
-EPI_LAYOUTS = {1: epi.SM90_EPI_ROW_LAYOUT, 2: epi.SM90_EPI8_ROW_LAYOUT}  # by epilogue warpgroups
+EPI_ROWS_PER_PASS = 32  # 4 warps x 8 rows, 4 lanes a row
 WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
 
 
@@ -46,8 +46,6 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         out = super().config_problems(config)
         if config.tile_m not in (64, 128):
             out.append(f"tile_m={config.tile_m} (sm_90a native: 64 or 128)")
-        if config.epilogue_warpgroups not in EPI_LAYOUTS:
-            out.append(f"epilogue_warpgroups={config.epilogue_warpgroups} (1 or 2)")
         if config.mma_per_promotion not in (1, 2, 4):
             out.append(f"mma_per_promotion={config.mma_per_promotion} (1, 2 or 4)")
         if config.cluster_m not in (1, 2) or config.cluster_n not in (1, 2):
@@ -67,29 +65,19 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         self.stages = config.stages or self.max_stages(config)
         self.tile_shape_mnk = (config.tile_m, epi.HEAD_DIM, SCALE_BLOCK_K)
         self.num_consumers = config.tile_m // ROWS_PER_CONSUMER
-        self.epi_wg = 1 + self.num_consumers  # first epilogue warpgroup
-        self.epi_wgs = config.epilogue_warpgroups
-        self.threads = WARPGROUP * (1 + self.num_consumers + self.epi_wgs)
+        self.epi_wg = 1 + self.num_consumers
+        self.threads = WARPGROUP * (2 + self.num_consumers)
         self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
-        self.row_layout = EPI_LAYOUTS[self.epi_wgs]
-        self.lanes_per_row = self.row_layout.lanes_per_row
-        self.rows_per_pass = self.epi_wgs * WARPGROUP // self.lanes_per_row
-        self._split_registers()
-
-    def _split_registers(self):
-        """setmaxnreg budgets. They move registers inside the CTA's launch allocation
-        (65536 / threads per thread, rounded down to 8); asking for more than it holds
-        makes the consumers' increase wait forever (seen on the H200)."""
-        launch = (65536 // self.threads) // 8 * 8
-        pool = launch * self.threads
-        self.producer_regs = 40 if self.epi_wgs == 1 else 24
-        if self.num_consumers == 1:
-            self.consumer_regs = 232
-        else:
-            self.consumer_regs = 168 if self.epi_wgs == 1 else 144
-        rest = pool - WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs)
-        self.epilogue_regs = min(launch, 128, rest // (WARPGROUP * self.epi_wgs) // 8 * 8)
-        assert self.epilogue_regs >= 64, f"no registers left for the epilogue ({self.epilogue_regs})"
+        # setmaxnreg budgets: 128 x (producer + epilogue) + 128 x consumers x consumer <= 64K
+        self.producer_regs = 40
+        self.epilogue_regs = 128
+        self.consumer_regs = 168 if self.num_consumers == 2 else 232
+        # setmaxnreg moves registers inside the CTA's launch allocation (65536 / threads,
+        # rounded down to 8, per thread): asking for more makes the increase wait forever.
+        launch = (65536 // self.threads) // 8 * 8 * self.threads
+        total = WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs + self.epilogue_regs)
+        assert total <= launch, f"setmaxnreg budgets need {total} of {launch} registers"
+        self.row_layout = epi.SM90_EPI_ROW_LAYOUT
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -258,7 +246,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             barrier_storage=storage.epi_mbar.data_ptr(),
             num_stages=EPI_BUFFERS,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumers * WARPGROUP),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_wgs * WARPGROUP),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, WARPGROUP),
             defer_sync=True,
         )
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
@@ -298,7 +286,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                     ab_pipeline, tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB,
                     a_mcast_mask, b_mcast_mask, k_tiles, sched_params,
                 )
-        elif warpgroup >= self.epi_wg:
+        elif warpgroup == self.epi_wg:
             cute.arch.setmaxregister_decrease(self.epilogue_regs)
             if cutlass.const_expr(self.config.epilogue):
                 self._epilogue(
@@ -438,10 +426,10 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         layout = self.row_layout
         num_pos = cos_sin.shape[0]
         lane = cute.arch.lane_idx()
-        lane_in_row = lane % self.lanes_per_row
-        row_in_pass = (etidx // 32) * (32 // self.lanes_per_row) + lane // self.lanes_per_row
+        lane_in_row = lane % 4
+        row_in_pass = (etidx // 32) * 8 + lane // 4
         lane_cols = layout.column_lane_bits(lane_in_row)
-        passes = bm // self.rows_per_pass
+        passes = bm // EPI_ROWS_PER_PASS
 
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
@@ -451,7 +439,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         while work.is_valid_tile:
             tile = work.tile_idx
             head = tile[1]
-            rows = [tile[0] * bm + p * self.rows_per_pass + row_in_pass for p in range(passes)]
+            rows = [tile[0] * bm + p * EPI_ROWS_PER_PASS + row_in_pass for p in range(passes)]
             # Everything below is one basic block (stores are predicated), and the cos/sin
             # rows are requested before the tile is ready, so their latency overlaps the wait.
             cs = [self._load_cos_sin(rows[p], m, num_pos, positions, cos_sin, lane_cols)
@@ -460,7 +448,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             for p in cutlass.range_constexpr(passes):
                 if cutlass.const_expr(p + 2 < passes):
                     cs.append(self._load_cos_sin(rows[p + 2], m, num_pos, positions, cos_sin, lane_cols))
-                r = p * self.rows_per_pass + row_in_pass
+                r = p * EPI_ROWS_PER_PASS + row_in_pass
                 vals = self._load_row(sQ, epi_state.index, r, layout, lane_cols)
                 vals = epi.rope_row(vals, layout, cs[p][0], cs[p][1])
                 if cutlass.const_expr(self.config.hadamard):
