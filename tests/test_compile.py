@@ -36,11 +36,19 @@ def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, out_format, hadamard, tmp_pat
     assert ".target sm_90a" in ptx
     assert WGMMA_E4M3 in ptx
     assert "setmaxnreg" in ptx  # warp-specialized register split
-    if shutil.which("ptxas"):  # the resource report: no spills, ever
+    if shutil.which("ptxas"):  # the resource report
         rep = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
                              capture_output=True, text=True, check=True).stderr
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)]
-        assert spills and max(spills) == 0, rep
+        assert spills and max(spills) == 0, rep  # no spills, ever
+        # setmaxnreg only moves registers inside the CTA's launch allocation (the entry
+        # register count ptxas picked x threads); a larger split hangs the kernel.
+        from indexer_q.kernels.gemm_sm90 import WARPGROUP, Sm90FusedIndexerQ
+
+        k = Sm90FusedIndexerQ(cfg)
+        entry = int(re.findall(r"Used (\d+) registers", rep)[-1])
+        split = WARPGROUP * (k.producer_regs + k.num_consumers * k.consumer_regs + k.epilogue_regs)
+        assert split <= entry * k.threads, f"setmaxnreg split {split} > {entry} x {k.threads}"
 
 
 def test_config_rejections():
