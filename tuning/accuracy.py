@@ -21,7 +21,7 @@ def main():
     ap.add_argument("--cublas", action="store_true", help="also score the cuBLAS-based unfused chain")
     ap.add_argument("--tactic", nargs="+", default=[""], help="'field=value,...' over the heuristic's")
     args = ap.parse_args()
-    from indexer_q.dispatch import heuristic_config
+    from indexer_q.tactics import heuristic
     import dataclasses
 
     from tuning.bench import parse_fields
@@ -29,7 +29,7 @@ def main():
     for spec, m, hadamard, rounding, seed in itertools.product(
             args.tactic, args.m, (False, True), ("floor-ties", "rne"), range(args.seeds)):
         fields = parse_fields(spec) if spec else {}
-        tactic = dataclasses.replace(heuristic_config("sm_90a", m, args.n, args.k), **fields)
+        tactic = dataclasses.replace(heuristic("sm_90a", m, args.n, args.k), **fields)
         x = make_inputs(m, args.n, args.k, p=4096, seed=seed, device="cuda")
         w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
         q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=hadamard,

@@ -140,10 +140,10 @@ def main(argv=None):
     for shape in args.shapes:
         n, k = shapes[shape]
         for m in args.m:
-            from indexer_q.dispatch import heuristic_config
+            from indexer_q.tactics import heuristic
             import dataclasses
 
-            tactics = {spec: dataclasses.replace(heuristic_config("sm_90a", m, n, k), **parse_fields(spec))
+            tactics = {spec: dataclasses.replace(heuristic("sm_90a", m, n, k), **parse_fields(spec))
                        for spec in args.tactic}
             row = {"shape": shape} | bench_shape(m, n, k, bw, hadamard=not args.no_hadamard,
                                                   out_format=args.out_format, tactics=tactics)

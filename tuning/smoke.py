@@ -7,7 +7,7 @@ import time
 import torch
 
 import indexer_q
-from indexer_q.dispatch import heuristic_config
+from indexer_q.tactics import heuristic
 from indexer_q.testing import make_inputs
 from tuning.bench import parse_fields
 
@@ -15,7 +15,7 @@ m, n, k = (int(v) for v in sys.argv[1:4])
 fields = parse_fields(sys.argv[4]) if len(sys.argv) > 4 else {}
 x = make_inputs(m, n, k, seed=0, device="cuda")
 w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
-tactic = dataclasses.replace(heuristic_config("sm_90a", m, n, k), **fields)
+tactic = dataclasses.replace(heuristic("sm_90a", m, n, k), **fields)
 t0 = time.time()
 q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True, tactic=tactic)
 torch.cuda.synchronize()

@@ -44,14 +44,19 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
     prob = V.check_kernel_inputs(qr, weights, positions, cos_sin, hadamard=hadamard,
                                  fp4_rounding=fp4_rounding, out_format=out_format,
                                  device_arch_fn=detect_arch)
+    from . import dispatch
+
+    dispatch.check_available(weights.arch, out_format)  # before any launch
     if prob.t == 0:
         from .reference import empty_outputs
 
         return empty_outputs(0, prob.heads, out_format, qr.device)
-    from . import dispatch
+    from . import op  # registers torch.ops.indexer_q.fused_indexer_q  # noqa: F401
 
-    return dispatch.run_fused(qr, weights, positions, cos_sin, hadamard=hadamard,
-                              fp4_rounding=fp4_rounding, out_format=out_format, tactic=tactic)
+    q, q_scale = torch.ops.indexer_q.fused_indexer_q(
+        qr, weights.weight, weights.weight_scale, positions, cos_sin, hadamard, fp4_rounding,
+        out_format, dispatch.tactic_json(tactic))
+    return q, (None if out_format == "fp8-unscaled" else q_scale)
 
 
 def quantize_act_fp8(qr):

@@ -5,7 +5,6 @@ api.py validates and calls the three functions below; nothing here validates aga
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 
@@ -16,31 +15,21 @@ class KernelUnavailableError(NotImplementedError):
     """The fused kernel for this arch / format is not built yet."""
 
 
-# arch -> the kernel module's class name, looked up lazily (no CuTe DSL import until used).
-FUSED_KERNELS = {"sm_90a": "gemm_sm90.Sm90FusedIndexerQ"}
+from .tactics import KERNEL_CLASSES as FUSED_KERNELS  # arch -> fused kernel class (one map)
 # Output formats whose kernel output has passed the SPEC's criteria on hardware. The
 # kernel computes the others too (tests reach them through run_fused), but the public op
 # refuses them until they pass: it must never hand out unverified bytes.
 VERIFIED_FORMATS = {"sm_90a": ("mxfp4",)}
 
 
-def heuristic_config(arch: str, m: int, n: int, k: int):
-    """The default tactic: always one of the valid candidates."""
-    from indexer_q.kernels.gemm_base import GemmConfig
+def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
+    """An explicit tactic (Tactic or dict), else the tuned table's, else the heuristic."""
+    from . import table
+    from .tactics import Tactic, heuristic
 
-    return GemmConfig(arch=arch, kind="native", tile_m=64 if m <= 64 else 128)
-
-
-def _config_for_call(arch, m, n, k, tactic, *, hadamard, fp4_rounding, out_format, positions):
-    base = tactic if tactic is not None else heuristic_config(arch, m, n, k)
-    return dataclasses.replace(
-        base,
-        arch=arch,
-        hadamard=bool(hadamard),
-        fp4_rounding=fp4_rounding,
-        out_format=out_format,
-        positions_dtype="int64" if positions.dtype == torch.int64 else "int32",
-    )
+    if tactic is not None:
+        return tactic if isinstance(tactic, Tactic) else Tactic.from_dict(dict(tactic))
+    return table.lookup(m, n, k, device) or heuristic(arch, m, n, k)
 
 
 def run_act_quant(qr):
@@ -62,6 +51,34 @@ def _arch_of(device):
     return detect_arch(device)
 
 
+def check_available(arch, out_format) -> None:
+    """Raise KernelUnavailableError unless a fused kernel for `arch` exists and its
+    `out_format` output has been verified on hardware."""
+    if arch not in FUSED_KERNELS:
+        raise KernelUnavailableError(
+            f"fused_indexer_q: no fused kernel is built for {arch} yet "
+            f"(built: {', '.join(FUSED_KERNELS)}); indexer_q.reference.fused_indexer_q runs anywhere"
+        )
+    if out_format not in VERIFIED_FORMATS.get(arch, ()):
+        raise KernelUnavailableError(
+            f"fused_indexer_q: out_format={out_format!r} is not verified on {arch} yet "
+            f"(verified: {', '.join(VERIFIED_FORMATS.get(arch, ())) or 'none'}); "
+            "indexer_q.reference.fused_indexer_q computes it")
+
+
+def tactic_json(tactic) -> str:
+    """A tactic as the string the torch op carries ("" = choose per call)."""
+    import json
+
+    from .tactics import Tactic
+
+    if tactic is None:
+        return ""
+    if not isinstance(tactic, Tactic):
+        tactic = Tactic.from_dict(dict(tactic))
+    return json.dumps(tactic.as_dict(), sort_keys=True)
+
+
 def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_format, tactic=None,
               out=None, verified_only=True):
     """Launch on already-validated inputs; returns (q, q_scale) as api.fused_indexer_q documents.
@@ -70,20 +87,13 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
     from . import jit
 
     arch = weights.arch
-    if arch not in FUSED_KERNELS:
-        raise KernelUnavailableError(
-            f"fused_indexer_q: no fused kernel is built for {arch} yet "
-            f"(built: {', '.join(FUSED_KERNELS)}); indexer_q.reference.fused_indexer_q runs anywhere"
-        )
     t, k = qr.shape
     n, heads = weights.n, weights.heads
-    if verified_only and out_format not in VERIFIED_FORMATS.get(arch, ()):
-        raise KernelUnavailableError(
-            f"fused_indexer_q: out_format={out_format!r} is not verified on {arch} yet "
-            f"(verified: {', '.join(VERIFIED_FORMATS.get(arch, ())) or 'none'}); "
-            "indexer_q.reference.fused_indexer_q computes it")
-    config = _config_for_call(arch, t, n, k, tactic, hadamard=hadamard, fp4_rounding=fp4_rounding,
-                              out_format=out_format, positions=positions)
+    if verified_only:
+        check_available(arch, out_format)
+    config = choose_tactic(arch, qr.device, t, n, k, tactic).to_config(
+        arch, hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
+        positions_dtype="int64" if positions.dtype == torch.int64 else "int32")
     kernel = jit.compile_fused(config, n, k)
     a_fp8, a_scale = run_act_quant(qr)
     dev = qr.device
@@ -120,7 +130,7 @@ def compile_for_arch(arch: str, out_dir=None) -> list[dict]:
         from indexer_q.kernels.gemm_base import GemmConfig
 
         for tile_m in (64, 128):
-            cfg = GemmConfig(arch=arch, tile_m=tile_m, hadamard=True)
+            cfg = GemmConfig(arch=arch, tile_m=tile_m, hadamard=True)  # the heuristic's two
             ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=_sub(out_dir, f"fused_native_m{tile_m}"))
             record(f"fused_native_tile_m{tile_m}", ck, {
                 "wgmma.mma_async e4m3": _ptx_has(ck, r"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"),

@@ -2,12 +2,25 @@
 
 Every tensor's row count (M, and the cos_sin table's P) is symbolic at compile time,
 so a tactic compiles once and serves every token count.
+
+Lookup order: this process's memory, then the disk cache, then compile and store. A
+disk entry is CuTe DSL's exported object file linked into a shared library against the
+CuTe DSL and TVM-FFI runtimes, so a later process loads it through TVM-FFI alone,
+without importing or running the CuTe DSL compiler. Entries live under
+`env.cache_dir()/kernels`, are named by a digest of the kernel sources, arch, config
+and library versions, are written to a temp file and renamed into place, and are built
+under a per-entry file lock, so processes that want the same kernel compile it once.
+INDEXER_Q_DISK_CACHE=0 turns the disk cache off.
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 _LOCK = threading.Lock()
@@ -22,8 +35,10 @@ class CompiledKernel:
     name: str
     arch: str
     fn: object
-    seconds: float
+    seconds: float  # what getting it took: compile, or load from disk
     artifacts: dict = field(default_factory=dict)
+    source: str = "compiled"  # "compiled" or "disk"
+    module: object = None  # keeps a disk-loaded module alive
 
     def __call__(self, *args):
         return self.fn(*args)
@@ -72,14 +87,107 @@ def _compile(name: str, arch: str, obj, args, keep_dir: str | None) -> CompiledK
     return ck
 
 
+def _disk_enabled() -> bool:
+    return os.environ.get("INDEXER_Q_DISK_CACHE", "1") != "0"
+
+
+def _versions() -> str:
+    import importlib.metadata as md
+
+    out = []
+    for pkg in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
+        try:
+            out.append(f"{pkg}={md.version(pkg)}")
+        except md.PackageNotFoundError:
+            out.append(f"{pkg}=?")
+    return ";".join(out)
+
+
+def disk_key(key) -> str:
+    """Digest naming a disk entry: kernel sources, library versions and the compile key
+    (a frozen dataclass repr and plain ints), so any change makes a new entry."""
+    from . import __version__
+    from .table import kernel_fingerprint
+
+    text = f"{kernel_fingerprint()}|{__version__}|{_versions()}|{key!r}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _disk_dir():
+    from .env import cache_dir
+
+    path = cache_dir() / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _load_from_disk(path, symbol, name, arch) -> CompiledKernel:
+    import tvm_ffi
+
+    t0 = time.perf_counter()
+    module = tvm_ffi.load_module(str(path))
+    fn = module[symbol]
+    return CompiledKernel(name, arch, fn, time.perf_counter() - t0, source="disk", module=module)
+
+
+def _link_shared(obj_path: str, so_path: str) -> None:
+    """Link an exported object into a shared library that finds its runtimes by rpath."""
+    import subprocess
+
+    from cutlass.cute.runtime import find_runtime_libraries
+
+    libs = find_runtime_libraries(enable_tvm_ffi=True)
+    rpaths = sorted({os.path.dirname(lib) for lib in libs})
+    cmd = [os.environ.get("CC", "cc"), "-shared", "-o", so_path, obj_path, *libs]
+    cmd += [f"-Wl,-rpath,{d}" for d in rpaths]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
 def _cached(key, keep_dir, build) -> CompiledKernel:
+    """Memory, then disk, then build (and store). `keep_dir` (dump PTX) always builds."""
     with _LOCK:
         hit = _MEMORY.get(key)
     if hit is not None and keep_dir is None:
         return hit
-    ck = build()
+    if keep_dir is not None or not _disk_enabled():
+        ck = build()
+    else:
+        ck = _through_disk(key, build)
+    if keep_dir is not None:
+        return ck
     with _LOCK:
-        return _MEMORY.setdefault(key, ck) if keep_dir is None else ck
+        return _MEMORY.setdefault(key, ck)
+
+
+def _through_disk(key, build) -> CompiledKernel:
+    digest = disk_key(key)
+    symbol = f"indexer_q_{digest}"
+    directory = _disk_dir()
+    path = directory / f"{digest}.so"
+    lock_path = directory / f"{digest}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds, the others wait and load
+        if path.exists():
+            try:
+                return _load_from_disk(path, symbol, key[0], key[1])
+            except Exception as exc:  # a damaged entry: rebuild it
+                warnings.warn(f"indexer_q: could not load cached kernel {path} ({exc}); recompiling")
+        ck = build()
+        fd, tmp_obj = tempfile.mkstemp(dir=directory, prefix=f"{digest}.", suffix=".o.tmp")
+        os.close(fd)
+        tmp_so = tmp_obj[: -len(".o.tmp")] + ".so.tmp"
+        try:
+            ck.fn.export_to_c(tmp_obj, function_name=symbol)
+            _link_shared(tmp_obj, tmp_so)
+            os.replace(tmp_so, path)
+            ck.artifacts["shared_library"] = str(path)
+        except Exception as exc:  # no C compiler, say: keep working, just uncached
+            warnings.warn(f"indexer_q: could not store compiled kernel in {directory} ({exc})")
+        finally:
+            for tmp in (tmp_obj, tmp_so):
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        return ck
 
 
 def compile_act_quant(arch: str, *, keep_dir: str | None = None) -> CompiledKernel:
@@ -101,19 +209,18 @@ def compile_act_quant(arch: str, *, keep_dir: str | None = None) -> CompiledKern
         ]
         return _compile("act_quant_fp8", arch, ActQuantFp8(arch), args, keep_dir)
 
-    return _cached(("act_quant", arch), keep_dir, build)
+    return _cached(("act_quant_fp8", arch), keep_dir, build)
 
 
 def compile_fused(config, n: int, k: int, *, keep_dir: str | None = None) -> CompiledKernel:
     """Compile the fused kernel for `config` (its arch) and the weight shape (N, K)."""
-    from indexer_q.kernels.gemm_sm90 import Sm90FusedIndexerQ
+    from .tactics import kernel_class
 
-    kernel_classes = {"sm_90a": Sm90FusedIndexerQ}
-    cls = kernel_classes.get(config.arch)
+    cls = kernel_class(config.arch)
     if cls is None:
         raise NotImplementedError(f"no fused kernel for {config.arch} yet")
     return _cached(
-        ("fused", config, n, k),
+        ("fused_indexer_q", config.arch, config, n, k),
         keep_dir,
         lambda: _compile("fused_indexer_q", config.arch, cls(config),
                          _fake_fused_args(config, n, k), keep_dir),

@@ -1,0 +1,87 @@
+"""Tactics: the performance knobs of the fused kernel, named, frozen, hashable.
+
+A `Tactic` holds only what changes speed; the call's numerics (Hadamard, rounding,
+output format, positions dtype) are added by `to_config` to make the kernel's compile
+key. `valid_tactics` asks each kernel's own `can_implement`, so a tactic is offered only
+where it compiles; the heuristic's choice is always one of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+# arch -> kernel class path; the one place that says which kernels exist
+KERNEL_CLASSES = {"sm_90a": ("indexer_q.kernels.gemm_sm90", "Sm90FusedIndexerQ")}
+
+
+@dataclass(frozen=True)
+class Tactic:
+    kind: str = "native"  # "native" (tokens on the MMA's M side) or "swap_ab" (small M)
+    tile_m: int = 128  # tokens per CTA tile
+    stages: int = 0  # TMA ring depth; 0 = as many as fit in shared memory
+    cluster_m: int = 1  # CTAs sharing (multicasting) one weight tile
+    cluster_n: int = 1  # CTAs sharing one activation tile
+    raster_along_m: bool = True
+    swizzle: int = 1
+    mma_per_promotion: int = 4  # WGMMAs (32 K each) between block-scale promotions
+    split_k: int = 1
+    # False: a profiling probe that runs the mainloop only and writes nothing (it
+    # measures the epilogue's cost); never among valid_tactics.
+    epilogue: bool = True
+
+    def to_config(self, arch: str, *, hadamard: bool, fp4_rounding: str, out_format: str,
+                  positions_dtype: str):
+        """The kernel's compile key: this tactic plus the call's numerics."""
+        from indexer_q.kernels.gemm_base import GemmConfig
+
+        if self.split_k != 1:
+            raise ValueError("split_k > 1 is not implemented by any kernel yet")
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "split_k"}
+        return GemmConfig(arch=arch, hadamard=bool(hadamard), fp4_rounding=fp4_rounding,
+                          out_format=out_format, positions_dtype=positions_dtype, **fields)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Tactic":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"tactic: unknown fields {sorted(unknown)}")
+        return cls(**d)
+
+
+def kernel_class(arch: str):
+    import importlib
+
+    if arch not in KERNEL_CLASSES:
+        return None
+    module, name = KERNEL_CLASSES[arch]
+    return getattr(importlib.import_module(module), name)
+
+
+def _candidates():
+    for tile_m, cm, cn, promote in itertools.product((64, 128), (1, 2), (1, 2), (4, 2)):
+        yield Tactic(tile_m=tile_m, cluster_m=cm, cluster_n=cn, mma_per_promotion=promote)
+
+
+def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
+    """Every tactic the arch's kernels can run for (M, N, K); the heuristic's is first."""
+    cls = kernel_class(arch)
+    if cls is None:
+        return []
+    probe = dict(hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4", positions_dtype="int64")
+    out = [heuristic(arch, m, n, k)]
+    for t in _candidates():
+        if t not in out and cls.can_implement(t.to_config(arch, **probe), n, k):
+            out.append(t)
+    return out
+
+
+def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
+    """The default without a tuned table: one consumer warpgroup (64-row tiles) while
+    128-row tiles would leave most of the chip idle, two otherwise. Measured on the
+    H200 (tuning/results): clusters and finer promotion did not pay at any M."""
+    return Tactic(tile_m=64 if m <= 64 else 128)

@@ -1,0 +1,106 @@
+"""Tactics and tactic tables (CPU)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+
+from indexer_q import table
+from indexer_q.tactics import Tactic, heuristic, valid_tactics
+
+
+def test_tactic_is_frozen_named_and_round_trips():
+    t = Tactic(tile_m=64, cluster_m=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.tile_m = 128
+    assert Tactic.from_dict(json.loads(json.dumps(t.as_dict()))) == t
+    with pytest.raises(ValueError, match="unknown fields"):
+        Tactic.from_dict({"tile_m": 64, "tile_n": 128})
+
+
+@pytest.mark.parametrize("m", [1, 64, 65, 4096, 16384])
+@pytest.mark.parametrize("n,k", [(8192, 1536), (1024, 1024), (2048, 1536)])
+def test_heuristic_is_always_a_valid_candidate(m, n, k):
+    cands = valid_tactics("sm_90a", m, n, k)
+    assert cands[0] == heuristic("sm_90a", m, n, k)
+    assert len(set(cands)) == len(cands) > 1
+
+
+def test_valid_tactics_come_from_can_implement():
+    # 9 heads: no cluster of 2 along N; no kernel at all for a K that is not a multiple of 128
+    assert all(t.cluster_n == 1 for t in valid_tactics("sm_90a", 4096, 9 * 128, 1536))
+    assert valid_tactics("sm_100a", 4096, 8192, 1536) == []  # no sm_100a fused kernel yet
+
+
+def test_to_config_carries_the_call_numerics():
+    cfg = Tactic(tile_m=64).to_config("sm_90a", hadamard=True, fp4_rounding="rne",
+                                      out_format="fp8", positions_dtype="int32")
+    assert (cfg.tile_m, cfg.hadamard, cfg.rne, cfg.out_format, cfg.positions_dtype) == (
+        64, True, True, "fp8", "int32")
+    with pytest.raises(ValueError, match="split_k"):
+        Tactic(split_k=2).to_config("sm_90a", hadamard=False, fp4_rounding="rne",
+                                    out_format="mxfp4", positions_dtype="int64")
+
+
+def _meta():
+    return {"gpu": "NVIDIA H200", "sms": 132, "cutlass_dsl": "4.8.1",
+            "kernel_fingerprint": table.kernel_fingerprint()}
+
+
+@pytest.fixture
+def fresh_table_state(monkeypatch):
+    monkeypatch.setattr(table, "metadata", lambda device=None: _meta())
+    table.set_tactic_table(None)
+    yield
+    table.set_tactic_table(None)
+
+
+def test_table_written_sorted_and_atomically(tmp_path):
+    path = tmp_path / "t.json"
+    entries = [{"n": 8192, "k": 1536, "m_max": 16384, "tactic": Tactic()},
+               {"n": 1024, "k": 1536, "m_max": 64, "tactic": Tactic(tile_m=64)},
+               {"n": 8192, "k": 1536, "m_max": 64, "tactic": Tactic(tile_m=64)}]
+    table.write_table(path, _meta(), entries)
+    data = json.loads(path.read_text())
+    keys = [(e["n"], e["k"], e["m_max"]) for e in data["entries"]]
+    assert keys == sorted(keys)
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temp file left
+
+
+def test_table_picks_by_m_bucket(tmp_path, fresh_table_state, monkeypatch):
+    path = tmp_path / "t.json"
+    table.write_table(path, _meta(), [
+        {"n": 8192, "k": 1536, "m_max": 64, "tactic": Tactic(tile_m=64)},
+        {"n": 8192, "k": 1536, "m_max": 1024, "tactic": Tactic(tile_m=128, mma_per_promotion=2)},
+        {"n": 8192, "k": 1536, "m_max": 16384, "tactic": Tactic(tile_m=128)},
+    ])
+    monkeypatch.setenv("INDEXER_Q_TACTIC_TABLE", str(path))
+    assert table.lookup(1, 8192, 1536).tile_m == 64
+    assert table.lookup(64, 8192, 1536).tile_m == 64
+    assert table.lookup(65, 8192, 1536).mma_per_promotion == 2
+    assert table.lookup(99999, 8192, 1536) == Tactic(tile_m=128)  # past the end: the last
+    with pytest.warns(UserWarning, match="no entry for N=1024"):
+        assert table.lookup(8, 1024, 1536) is None
+
+
+def test_stale_table_is_ignored_with_one_warning(tmp_path, fresh_table_state):
+    path = tmp_path / "t.json"
+    meta = _meta() | {"kernel_fingerprint": "0000"}
+    table.write_table(path, meta, [{"n": 8192, "k": 1536, "m_max": 64, "tactic": Tactic(tile_m=64)}])
+    table.set_tactic_table(path)
+    with pytest.warns(UserWarning, match="kernel_fingerprint"):
+        assert table.lookup(1, 8192, 1536) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert table.lookup(1, 8192, 1536) is None  # warned once only
+
+
+def test_no_table_warns_once(fresh_table_state, monkeypatch):
+    monkeypatch.delenv("INDEXER_Q_TACTIC_TABLE", raising=False)
+    with pytest.warns(UserWarning, match="no tactic table"):
+        assert table.lookup(1, 8192, 1536) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert table.lookup(2, 8192, 1536) is None
