@@ -16,8 +16,12 @@ _EXPORTS = {
     "KernelUnavailableError": ("dispatch", "KernelUnavailableError"),
     "SUPPORTED_ARCHES": ("constants", "SUPPORTED_ARCHES"),
     "detect_arch": ("arch", "detect_arch"),
+    "Tactic": ("tactics", "Tactic"),
+    "valid_tactics": ("tactics", "valid_tactics"),
+    "set_tactic_table": ("table", "set_tactic_table"),
 }
-_SUBMODULES = ("api", "arch", "constants", "env", "reference", "testing", "validate", "weights", "dispatch", "cli")
+_SUBMODULES = ("api", "arch", "constants", "env", "reference", "testing", "validate", "weights", "dispatch",
+               "cli", "tactics", "table", "jit")
 
 __all__ = sorted(_EXPORTS) + ["reference", "__version__"]
 

@@ -25,7 +25,7 @@ def _version(dist: str) -> str:
 def cmd_info(args) -> int:
     from . import __version__
     from .arch import ENV_ARCH, UnsupportedArchError, arch_override, detect_arch
-    from .env import cache_dir, tactic_table_path
+    from .env import cache_dir
 
     import torch
 
@@ -44,7 +44,9 @@ def cmd_info(args) -> int:
         except UnsupportedArchError as e:
             ov = f"invalid: {e}"
         arch = f"none ({ENV_ARCH}={ov})" if ov else "none"
-    table = tactic_table_path()
+    from .table import table_path
+
+    table = table_path()
     rows = [
         ("GPU", gpu),
         ("arch", arch),
@@ -53,8 +55,7 @@ def cmd_info(args) -> int:
         ("nvidia-cutlass-dsl", _version("nvidia-cutlass-dsl")),
         ("apache-tvm-ffi", _version("apache-tvm-ffi")),
         ("cache dir", str(cache_dir())),
-        ("tactic table", "none (heuristic)" + (f"; INDEXER_Q_TACTIC_TABLE={table} is not read yet"
-                                              if table else "")),
+        ("tactic table", str(table) if table else "none: the heuristic chooses (INDEXER_Q_TACTIC_TABLE)"),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

@@ -1,0 +1,37 @@
+"""The Triton peer (RoPE + Hadamard + MXFP4 after a GEMM) computes SPEC steps 3-5 bit for
+bit like the reference. On the CPU it runs in Triton's interpreter."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton reads this when it is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+from indexer_q import reference as ref  # noqa: E402
+
+
+@pytest.mark.parametrize("hadamard", [False, True])
+@pytest.mark.parametrize("rounding", ["floor-ties", "rne"])
+def test_peer_matches_reference_steps_3_to_5(hadamard, rounding):
+    import tuning.peers.triton_rope_hadamard_mxfp4 as peer
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    t, n, p = 37, 256, 50
+    q = (torch.randn(t, n, generator=g) * torch.rand(t, 1, generator=g) * 30).to(torch.bfloat16)
+    q[0, :32] = 0  # amax floor
+    positions = torch.randint(-3, p + 3, (t,), generator=g)  # some out of range
+    from indexer_q.testing import rope_cos_sin_table
+
+    cos_sin = rope_cos_sin_table(p)
+    got = peer.rope_hadamard_mxfp4(q.to(dev), positions.to(dev), cos_sin.to(dev), hadamard=hadamard,
+                                   fp4_rounding=rounding)
+    x = ref.apply_rope(q.reshape(t, -1, 128), positions, cos_sin)
+    x = ref.hadamard_128(x) if hadamard else x
+    want = ref.quantize_mxfp4(x, rounding)
+    assert torch.equal(got[0].cpu(), want[0])
+    assert torch.equal(got[1].cpu(), want[1])
