@@ -1,16 +1,31 @@
-"""Side-by-side timing of the fused op and its peers (one process, CUDA graphs, cold L2).
+"""`indexer-q bench`: the fused op and its peers side by side, in one process.
 
-Each contender is captured in a CUDA graph that calls it `reps` times, cycling through
-enough independent input sets that every call reads its operands from HBM, not L2.
-The figure is the median over replays of (graph time / reps).
+Every contender is captured in a CUDA graph that calls it `reps` times, cycling through
+enough independent input sets (more than 3x the L2) that each call reads its operands
+from HBM. The figure is the median over replays of (graph time / reps).
+
+Contenders, per (shape, M):
+  fused            the op with its default tactic choice (table, else heuristic)
+  fused[<tactic>]  each valid tactic forced (--all-tactics) or those given by --tactic
+  unfused          the chain a Hopper engine runs today: activation quantization (our
+                   kernel), cuBLAS block-scaled FP8 GEMM (torch._scaled_mm, 1x128 /
+                   128x128 scales, bf16 out), the Triton RoPE + Hadamard + MXFP4 kernel
+                   (tuning/peers); cuBLAS rejects M = 1
+  cublas_gemm      cuBLAS's GEMM alone, on pre-quantized activations
+  torch            the reference ops on the GPU (step 2 in float64)
+  floor            max(bytes / measured copy bandwidth, FLOPs / FP8 peak)
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import dataclasses
 import datetime
 import json
 import math
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 
@@ -20,6 +35,10 @@ from indexer_q.testing import make_inputs
 
 H200_FP8_PEAK_TFLOPS = 1979.0  # dense, datasheet
 L2_BYTES = 60 * 2**20
+SHAPES = {"v4-pro": (8192, 1536), "v4-flash": (8192, 1024), "tp8-pro": (1024, 1536)}
+FULL_MS = sorted({2**i for i in range(15)} | {3, 13, 1000})
+QUICK_MS = [1, 128, 4096, 16384]
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def time_graph(call, n_sets: int, reps: int = 20, replays: int = 15) -> float:
@@ -58,7 +77,7 @@ def measure_copy_bandwidth() -> float:
 
 def cublas_args(x):
     """torch._scaled_mm operands for the SPEC's block scales (see CUTEDSL-NOTES.md)."""
-    a, sa = ref.quantize_act_fp8(x["qr"])
+    a, sa = indexer_q.quantize_act_fp8(x["qr"])
     return dict(a=a, sa=sa.t().contiguous().t(), b=x["weight"].t(), sb=x["weight_scale"].t())
 
 
@@ -66,12 +85,21 @@ def run_cublas(c):
     return torch._scaled_mm(c["a"], c["b"], scale_a=c["sa"], scale_b=c["sb"], out_dtype=torch.bfloat16)
 
 
-def problem_bytes(m, n, k) -> int:
-    # qr (bf16) + weight (fp8) + its scales + q_fp4 + q_scale + positions + cos_sin rows
-    return m * k * 2 + n * k + (n // 128) * (k // 128) * 4 + m * n // 2 + m * (n // 128) * 4 + m * 8 + m * 256
+def unfused_chain(x, *, hadamard, fp4_rounding="floor-ties"):
+    from tuning.peers.triton_rope_hadamard_mxfp4 import rope_hadamard_mxfp4
+
+    a, sa = indexer_q.quantize_act_fp8(x["qr"])
+    q = torch._scaled_mm(a, x["weight"].t(), scale_a=sa.t().contiguous().t(), scale_b=x["weight_scale"].t(),
+                         out_dtype=torch.bfloat16)
+    return rope_hadamard_mxfp4(q, x["positions"], x["cos_sin"], hadamard=hadamard, fp4_rounding=fp4_rounding)
 
 
-def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None) -> dict:
+def problem_bytes(m, n, k, out_format="mxfp4") -> int:
+    q_bytes = m * n // 2 if out_format == "mxfp4" else m * n
+    return m * k * 2 + n * k + (n // 128) * (k // 128) * 4 + q_bytes + m * (n // 128) * 4 + m * 8 + m * 256
+
+
+def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None, peers=True) -> dict:
     one_set = m * k * 2 + n * k + m * n
     n_sets = max(2, math.ceil(3 * L2_BYTES / one_set))
     sets = [make_inputs(m, n, k, p=4096, seed=s, device="cuda") for s in range(n_sets)]
@@ -87,14 +115,22 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None)
     for name, tac in (tactics or {}).items():
         row[f"fused[{name}]_us"] = time_graph(lambda i, t=tac: fused(i, t), n_sets)
     row["act_quant_us"] = time_graph(lambda i: indexer_q.quantize_act_fp8(sets[i]["qr"]), n_sets)
-    if m > 1:  # cuBLAS rejects M = 1
+    if peers and m > 1:  # cuBLAS rejects M = 1
         cargs = [cublas_args(x) for x in sets]
         row["cublas_gemm_us"] = time_graph(lambda i: run_cublas(cargs[i]), n_sets)
+        if out_format == "mxfp4":
+            row["unfused_us"] = time_graph(lambda i: unfused_chain(sets[i], hadamard=hadamard), n_sets)
+    if peers and out_format == "mxfp4":
+        row["torch_us"] = time_graph(
+            lambda i: ref.fused_indexer_q(sets[i]["qr"], sets[i]["weight"], sets[i]["weight_scale"],
+                                          sets[i]["positions"], sets[i]["cos_sin"], hadamard=hadamard),
+            n_sets, reps=2, replays=3)
     flops = 2 * m * n * k
-    row["floor_us"] = max(problem_bytes(m, n, k) / bw, flops / (H200_FP8_PEAK_TFLOPS * 1e12)) * 1e6
+    row["floor_us"] = max(problem_bytes(m, n, k, out_format) / bw, flops / (H200_FP8_PEAK_TFLOPS * 1e12)) * 1e6
     row["fused_tflops"] = flops / (row["fused_us"] * 1e-6) / 1e12
-    if "cublas_gemm_us" in row:
-        row["fused_over_cublas"] = row["fused_us"] / row["cublas_gemm_us"]
+    for peer in ("cublas_gemm", "unfused", "torch"):
+        if f"{peer}_us" in row:
+            row[f"fused_over_{peer}"] = row["fused_us"] / row[f"{peer}_us"]
     row["fused_over_floor"] = row["fused_us"] / row["floor_us"]
     return row
 
@@ -108,7 +144,7 @@ def parse_fields(spec: str) -> dict:
 
 
 def environment() -> dict:
-    import cutlass
+    import importlib.metadata as md
 
     props = torch.cuda.get_device_properties(0)
     return {
@@ -117,39 +153,146 @@ def environment() -> dict:
         "sms": props.multi_processor_count,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "cutlass_dsl": getattr(cutlass, "__version__", "?"),
-        "indexer_q": indexer_q.__version__ if hasattr(indexer_q, "__version__") else "?",
+        "cutlass_dsl": md.version("nvidia-cutlass-dsl") if _has("nvidia-cutlass-dsl") else "kit",
+        "triton": _triton_version(),
+        "indexer_q": indexer_q.__version__,
     }
 
 
+def _has(pkg):
+    import importlib.metadata as md
+
+    try:
+        md.version(pkg)
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+def _triton_version():
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return "none"
+
+
+def progress(i, total, label):
+    width = 30
+    done = int(width * i / total)
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{total} {label:<40}")
+    sys.stderr.flush()
+    if i == total:
+        sys.stderr.write("\n")
+
+
+def write_outputs(env, rows, stem: Path, plots=True):
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    with open(stem.with_suffix(".json"), "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=1)
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("shape", "M", "N", "K"), k))
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    lines = [f"# indexer-q bench, {env['date']}, {env['gpu']} ({env['sms']} SMs), torch {env['torch']}, "
+             f"CUDA {env['cuda']}, CuTe DSL {env['cutlass_dsl']}, Triton {env['triton']}", "",
+             f"Copy bandwidth measured in this run: {env['copy_bandwidth_TBps']:.2f} TB/s. Microseconds "
+             "(CUDA graphs, cold L2, median); ratios are fused / peer (below 1 = fused faster).", "",
+             "| shape | format | M | fused | unfused | cuBLAS GEMM | torch | floor | /unfused | /cuBLAS | /floor |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def fmt(r, k, d=1):
+        return f"{r[k]:.{d}f}" if k in r else "-"
+
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['out_format']} | {r['M']} | {fmt(r, 'fused_us')} | {fmt(r, 'unfused_us')} | "
+                     f"{fmt(r, 'cublas_gemm_us')} | {fmt(r, 'torch_us')} | {fmt(r, 'floor_us')} | "
+                     f"{fmt(r, 'fused_over_unfused', 2)} | {fmt(r, 'fused_over_cublas_gemm', 2)} | "
+                     f"{fmt(r, 'fused_over_floor', 2)} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    if plots:
+        plot(rows, stem)
+
+
+def plot(rows, stem: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(r["shape"], r["out_format"]) for r in rows})
+    contenders = [("fused_us", "fused op"), ("unfused_us", "unfused chain (act-quant + cuBLAS + Triton)"),
+                  ("cublas_gemm_us", "cuBLAS GEMM alone"), ("torch_us", "plain torch"), ("floor_us", "floor")]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    for ax, (shape, fmt_) in zip(axes[0], shapes):
+        rs = sorted((r for r in rows if r["shape"] == shape and r["out_format"] == fmt_), key=lambda r: r["M"])
+        for key, label in contenders:
+            pts = [(r["M"], r[key]) for r in rs if key in r]
+            if pts:
+                ax.plot(*zip(*pts), "--" if key == "floor_us" else "-o", label=label, markersize=3)
+        ax.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="us", title=f"{shape}, {fmt_}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(stem.with_name(stem.name + "_time.png"), dpi=110)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    for ax, (shape, fmt_) in zip(axes[0], shapes):
+        rs = sorted((r for r in rows if r["shape"] == shape and r["out_format"] == fmt_), key=lambda r: r["M"])
+        for key, label in contenders[1:4]:
+            pts = [(r["M"], r[key] / r["fused_us"]) for r in rs if key in r]
+            if pts:
+                ax.plot(*zip(*pts), "-o", label=f"over {label}", markersize=3)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="speedup of the fused op",
+               title=f"{shape}, {fmt_}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(stem.with_name(stem.name + "_speedup.png"), dpi=110)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--m", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--shapes", nargs="+", default=["v4-pro", "v4-flash"])
+    ap = argparse.ArgumentParser(prog="indexer-q bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=f"M in {QUICK_MS} only")
+    ap.add_argument("--m", type=int, nargs="+", default=None)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--out-format", nargs="+", default=["mxfp4"], choices=["mxfp4", "fp8", "fp8-unscaled"])
     ap.add_argument("--no-hadamard", action="store_true")
-    ap.add_argument("--out-format", default="mxfp4")
-    ap.add_argument("--json", default=None)
     ap.add_argument("--tactic", nargs="*", default=[],
-                    help="also time forced tactics, each 'field=value,field=value' over the heuristic's")
+                    help="also time forced tactics, each 'field=value,...' over the heuristic's")
+    ap.add_argument("--all-tactics", action="store_true", help="also time every valid tactic")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--out", default=None, help="output stem (default tuning/results/bench_<date>)")
+    ap.add_argument("--json", default=None, help="(compat) also write the JSON here")
     args = ap.parse_args(argv)
-    shapes = {"v4-pro": (8192, 1536), "v4-flash": (8192, 1024), "tp8-pro": (1024, 1536)}
+    from indexer_q.tactics import heuristic, valid_tactics
+
+    ms = args.m or (QUICK_MS if args.quick else FULL_MS)
     bw = measure_copy_bandwidth()
     env = environment() | {"copy_bandwidth_TBps": bw / 1e12}
-    print(json.dumps(env))
+    print(json.dumps(env), flush=True)
+    jobs = [(s, f, m) for s in args.shapes for f in args.out_format for m in ms]
     rows = []
-    for shape in args.shapes:
-        n, k = shapes[shape]
-        for m in args.m:
-            from indexer_q.tactics import heuristic
-            import dataclasses
-
-            tactics = {spec: dataclasses.replace(heuristic("sm_90a", m, n, k), **parse_fields(spec))
-                       for spec in args.tactic}
-            row = {"shape": shape} | bench_shape(m, n, k, bw, hadamard=not args.no_hadamard,
-                                                  out_format=args.out_format, tactics=tactics)
-            rows.append(row)
-            print(json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in row.items()}),
-                  flush=True)
+    for i, (shape, fmt_, m) in enumerate(jobs):
+        progress(i, len(jobs), f"{shape} {fmt_} M={m}")
+        n, k = SHAPES[shape]
+        tactics = {spec: dataclasses.replace(heuristic("sm_90a", m, n, k), **parse_fields(spec))
+                   for spec in args.tactic}
+        if args.all_tactics:
+            for t in valid_tactics("sm_90a", m, n, k):
+                tactics.setdefault(json.dumps(t.as_dict(), sort_keys=True), t)
+        row = {"shape": shape} | bench_shape(m, n, k, bw, hadamard=not args.no_hadamard, out_format=fmt_,
+                                              tactics=tactics, peers=not args.no_peers)
+        rows.append(row)
+        print(json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
+    progress(len(jobs), len(jobs), "done")
+    stem = Path(args.out) if args.out else RESULTS / f"bench_{env['date']}"
+    write_outputs(env, rows, stem, plots=not args.no_plots)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "rows": rows}, f, indent=1)

@@ -164,10 +164,18 @@ def cmd_demo(args) -> int:
 
 
 # ----------------------------------------------------------------------------------
-def cmd_later(args) -> int:
-    print(f"indexer-q {args.command}: not there yet; it comes in a later issue "
-          f"(no {args.command} is implemented in this version)", file=sys.stderr)
-    return 2
+def cmd_tuning(args) -> int:
+    """bench / tune live in the repository's tuning/ (they use the package, not the
+    reverse); run them from a checkout."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"tuning.{args.command}")
+    except ImportError:
+        print(f"indexer-q {args.command}: run it from a checkout of the repository "
+              f"(python -m tuning.{args.command}); it is not part of the installed package")
+        return 2
+    return int(module.main(args.rest) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,11 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="directory for the artifacts (PTX, ...)")
     s.set_defaults(func=cmd_compile)
 
-    for name, text in (("bench", "compare with the unfused chain and cuBLAS (later issue)"),
-                       ("tune", "offline autotuner writing tactic tables (later issue)")):
-        s = sub.add_parser(name, help=text)
-        s.add_argument("--out-format", choices=OUT_FORMATS, default="mxfp4")
-        s.set_defaults(func=cmd_later)
+    for name, text in (("bench", "the fused op beside its peers (tuning/bench.py; --help there)"),
+                       ("tune", "offline autotuner writing a tactic table (tuning/tune.py)")):
+        s = sub.add_parser(name, help=text, add_help=False)
+        s.add_argument("rest", nargs=argparse.REMAINDER)
+        s.set_defaults(func=cmd_tuning)
     return p
 
 

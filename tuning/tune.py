@@ -1,0 +1,113 @@
+"""`indexer-q tune`: profile every valid tactic per M bucket and write a tactic table.
+
+For each M (powers of two from 1 to 16384, then the midpoints between neighbours whose
+winners differ), every candidate from `indexer_q.valid_tactics` is first checked against
+the reference (the SPEC's agreement, at the floor the H200 reaches with the Hadamard),
+then timed like the benchmark (CUDA graph, cold L2, median). The fastest correct one
+wins; ties within 1% go to the heuristic's choice. The table maps each M to the winner
+of the smallest profiled M at or above it.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+import indexer_q
+from indexer_q import reference as ref
+from indexer_q import table
+from indexer_q.tactics import heuristic, valid_tactics
+from indexer_q.testing import fp4_signed_codes, make_inputs
+
+MODELS = {"v4-pro": 1536, "v4-flash": 1024}  # K; N = 8192 / TP
+BUCKETS = [2**i for i in range(15)]
+TABLES = Path(__file__).resolve().parent / "tables"
+MIN_CODES_EQUAL = 0.997  # tests/test_kernel_sm90.py: what Hopper reaches with the Hadamard on
+
+
+def check(tactic, m, n, k) -> float:
+    x = make_inputs(m, n, k, p=4096, seed=m, device="cuda")
+    w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
+    q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True, tactic=tactic)
+    rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"],
+                                 hadamard=True)
+    return (fp4_signed_codes(q) == fp4_signed_codes(rq)).double().mean().item()
+
+
+def time_tactic(tactic, m, n, k) -> float:
+    from tuning.bench import L2_BYTES, time_graph
+
+    n_sets = max(2, math.ceil(3 * L2_BYTES / (m * k * 2 + n * k + m * n)))
+    sets = [make_inputs(m, n, k, p=4096, seed=s, device="cuda") for s in range(n_sets)]
+    ws = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
+    return time_graph(lambda i: indexer_q.fused_indexer_q(sets[i]["qr"], ws[i], sets[i]["positions"],
+                                                          sets[i]["cos_sin"], hadamard=True, tactic=tactic),
+                      n_sets)
+
+
+def choose(timings: dict, default) -> object:
+    """Fastest tactic; the heuristic's wins ties within 1%."""
+    best = min(timings, key=timings.get)
+    if default in timings and timings[default] <= timings[best] * 1.01:
+        return default
+    return best
+
+
+def profile(m, n, k, arch, log) -> tuple:
+    timings = {}
+    for tactic in valid_tactics(arch, m, n, k):
+        agree = check(tactic, m, n, k) if m * n >= 1 << 16 else 1.0  # tiny M: too few codes to score
+        if agree < MIN_CODES_EQUAL:
+            log(f"  M={m} {tactic}: REJECTED, {agree:.5f} codes equal")
+            continue
+        timings[tactic] = time_tactic(tactic, m, n, k)
+    winner = choose(timings, heuristic(arch, m, n, k))
+    return winner, timings
+
+
+def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=print) -> Path:
+    k = MODELS[model]
+    n = 8192 // tp
+    results = {}
+    todo = list(buckets)
+    done = 0
+    while todo:
+        m = todo.pop(0)
+        done += 1
+        sys.stderr.write(f"\r[tune {model} tp{tp}] M={m:<6} ({done} profiled, {len(todo)} queued)   ")
+        results[m] = profile(m, n, k, arch, log)
+        ms = sorted(results)
+        for a, b in zip(ms, ms[1:]):  # refine where the winner changes
+            mid = (a + b) // 2
+            if results[a][0] != results[b][0] and mid not in results and mid not in todo and a < mid < b:
+                todo.append(mid)
+    sys.stderr.write("\n")
+    entries = [{"n": n, "k": k, "m_max": m, "tactic": results[m][0]} for m in sorted(results)]
+    meta = table.metadata() | {"model": model, "tp": tp,
+                               "timings_us": {str(m): {str(t.as_dict()): round(us, 3) for t, us in tt.items()}
+                                              for m, (_, tt) in results.items()}}
+    path = Path(out) if out else TABLES / f"{meta['gpu'].replace(' ', '_')}_{model}_tp{tp}.json"
+    table.write_table(path, meta, entries)
+    log(f"wrote {path}")
+    return path
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="indexer-q tune", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=list(MODELS), required=True)
+    ap.add_argument("--tp", type=int, choices=[1, 2, 4, 8], default=1)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("indexer-q tune needs a CUDA GPU", file=sys.stderr)
+        return 2
+    tune(args.model, args.tp, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
