@@ -191,7 +191,8 @@ def write_outputs(env, rows, stem: Path, plots=True):
     stem.parent.mkdir(parents=True, exist_ok=True)
     with open(stem.with_suffix(".json"), "w") as f:
         json.dump({"environment": env, "rows": rows}, f, indent=1)
-    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("shape", "M", "N", "K"), k))
+    lead = ["shape", "M", "N", "K"]
+    keys = lead + sorted({k for r in rows for k in r} - set(lead))
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()

@@ -205,14 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, text in (("bench", "the fused op beside its peers (tuning/bench.py; --help there)"),
                        ("tune", "offline autotuner writing a tactic table (tuning/tune.py)")):
-        s = sub.add_parser(name, help=text, add_help=False)
-        s.add_argument("rest", nargs=argparse.REMAINDER)
+        s = sub.add_parser(name, help=text, add_help=False)  # its own parser takes the rest
         s.set_defaults(func=cmd_tuning)
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command in ("bench", "tune"):
+        args.rest = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return int(args.func(args) or 0)
 
 
