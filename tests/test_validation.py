@@ -299,3 +299,19 @@ def test_fused_indexer_q_empty_t_on_gpu(out_format):
     assert (s is None) == (rs is None)
     if s is not None:
         assert s.shape == rs.shape and s.dtype == rs.dtype
+
+
+def test_positions_range_check_is_opt_in(monkeypatch):
+    from indexer_q import validate as V
+    from indexer_q.env import check_mode
+
+    monkeypatch.delenv("INDEXER_Q_CHECK", raising=False)
+    assert not check_mode()
+    monkeypatch.setenv("INDEXER_Q_CHECK", "1")
+    assert check_mode()
+    V.check_positions_in_range(torch.tensor([0, 5, 9]), 10)
+    V.check_positions_in_range(torch.tensor([], dtype=torch.int64), 10)
+    with pytest.raises(V.InvalidInputError, match=r"positions: expected values in \[0, 10\).*position of 10"):
+        V.check_positions_in_range(torch.tensor([0, 10]), 10)
+    with pytest.raises(V.InvalidInputError, match="position of -1"):
+        V.check_positions_in_range(torch.tensor([-1, 3], dtype=torch.int32), 10)

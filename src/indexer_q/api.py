@@ -45,8 +45,11 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
                                  fp4_rounding=fp4_rounding, out_format=out_format,
                                  device_arch_fn=detect_arch)
     from . import dispatch
+    from .env import check_mode
 
     dispatch.check_available(weights.arch, out_format)  # before any launch
+    if check_mode():
+        V.check_positions_in_range(positions, prob.p)
     if prob.t == 0:
         from .reference import empty_outputs
 

@@ -6,6 +6,12 @@ from pathlib import Path
 
 ENV_CACHE_DIR = "INDEXER_Q_CACHE_DIR"
 ENV_TACTIC_TABLE = "INDEXER_Q_TACTIC_TABLE"
+ENV_CHECK = "INDEXER_Q_CHECK"
+
+
+def check_mode() -> bool:
+    """INDEXER_Q_CHECK=1: extra host checks that read input values (they synchronize)."""
+    return os.environ.get(ENV_CHECK, "0") not in ("", "0")
 
 
 def cache_dir() -> Path:
@@ -19,6 +25,6 @@ def cache_dir() -> Path:
 
 
 def tactic_table_path():
-    """INDEXER_Q_TACTIC_TABLE (tactic tables come in a later issue), or None."""
+    """INDEXER_Q_TACTIC_TABLE, or None."""
     value = os.environ.get(ENV_TACTIC_TABLE)
     return Path(value).expanduser() if value else None

@@ -149,6 +149,19 @@ def check_positions(positions, t: int, name: str = "positions") -> None:
     check_contiguous(name, positions)
 
 
+def check_positions_in_range(positions, p: int, name: str = "positions") -> None:
+    """Opt-in (INDEXER_Q_CHECK=1): every position in [0, P). Reads the values, so it
+    synchronizes with the GPU; by default an out-of-range position is not an error (that
+    token is not rotated) and nothing is read on the host."""
+    if positions.numel() == 0:
+        return
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or hi >= p:
+        bad = lo if lo < 0 else hi
+        fail(name, f"values in [0, {p}) (the rows of cos_sin; INDEXER_Q_CHECK=1 is set)",
+             f"a position of {bad}")
+
+
 def check_cos_sin(cos_sin, name: str = "cos_sin") -> int:
     """float32 [P, 64], P >= 1, contiguous. Returns P."""
     check_dtype(name, cos_sin, torch.float32)
