@@ -107,68 +107,43 @@ def sel_f32(cond, a, b) -> Float32:
     return Float32(cutlass.select_(cond, Float32(a), Float32(b)))
 
 
-@dsl_user_op
-def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """fp32 multiply rounded on its own (never fused into an FMA)."""
+def _f32_asm(ptx: str, *args, loc=None, ip=None) -> Float32:
+    """One fp32 result from inline PTX over fp32 operands ($0 = result, $1.. = args)."""
     return Float32(
         llvm.inline_asm(
             T.f32(),
-            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-            "mul.rn.f32 $0, $1, $2;",
-            "=f,f,f",
+            [Float32(a).ir_value(loc=loc, ip=ip) for a in args],
+            ptx,
+            ",".join(["=f"] + ["f"] * len(args)),
             has_side_effects=False,
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
+
+
+@dsl_user_op
+def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """fp32 multiply rounded on its own (never fused into an FMA)."""
+    return _f32_asm("mul.rn.f32 $0, $1, $2;", a, b, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def fmax_nan(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """max that propagates NaN (as torch.amax does), so a NaN block gets scale 0xFF."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-            "max.NaN.f32 $0, $1, $2;",
-            "=f,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return _f32_asm("max.NaN.f32 $0, $1, $2;", a, b, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def fmax_abs_nan(m: Float32, v: Float32, *, loc=None, ip=None) -> Float32:
     """max(m, |v|), NaN-propagating; ptxas folds the abs into the max."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(m).ir_value(loc=loc, ip=ip), Float32(v).ir_value(loc=loc, ip=ip)],
-            "{ .reg .f32 t; abs.f32 t, $2; max.NaN.f32 $0, $1, t; }",
-            "=f,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return _f32_asm("{ .reg .f32 t; abs.f32 t, $2; max.NaN.f32 $0, $1, t; }", m, v, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def round_bf16(a: Float32, *, loc=None, ip=None) -> Float32:
     """fp32 -> bf16 (round to nearest even) -> fp32."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(a).ir_value(loc=loc, ip=ip)],
-            "{ .reg .b16 t; cvt.rn.bf16.f32 t, $1; cvt.f32.bf16 $0, t; }",
-            "=f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return _f32_asm("{ .reg .b16 t; cvt.rn.bf16.f32 t, $1; cvt.f32.bf16 $0, t; }", a, loc=loc, ip=ip)
 
 
 def bf16x2_word(lo: Float32, hi: Float32) -> Int32:

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import functools
 import os
 
 from .constants import ARCH_BY_CAPABILITY, SUPPORTED_ARCHES  # noqa: F401  (the one map)
@@ -28,6 +29,14 @@ def arch_override():
     return check_arch(value, ENV_ARCH) if value else None
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    """A device's compute capability, asked once per process (it runs on every call)."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(index))
+
+
 def detect_arch(device=None) -> str:
     """The kernel arch for a CUDA device ("sm_90a" for H100/H200, "sm_100a" for B200/GB200).
 
@@ -43,8 +52,8 @@ def detect_arch(device=None) -> str:
         raise UnsupportedArchError(f"device: expected a CUDA device, got {dev}")
     if not torch.cuda.is_available():
         raise UnsupportedArchError(f"device: expected a CUDA device, got {dev} but CUDA is not available")
-    cap = torch.cuda.get_device_capability(dev)
-    arch = ARCH_BY_CAPABILITY.get(tuple(cap))
+    cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
+    arch = ARCH_BY_CAPABILITY.get(cap)
     if arch is None:
         name = torch.cuda.get_device_name(dev)
         supported = ", ".join(f"sm_{a}{b}" for a, b in ARCH_BY_CAPABILITY)

@@ -22,6 +22,11 @@ from .tactics import KERNEL_CLASSES as FUSED_KERNELS  # arch -> fused kernel cla
 VERIFIED_FORMATS = {"sm_90a": ("mxfp4",)}
 
 
+# Per-call fast path: (arch, tactic, numerics, N, K) -> compiled kernel, so a call after
+# the first does no dataclass building or compile-cache hashing.
+_FUSED: dict = {}
+
+
 def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
     """An explicit tactic (Tactic or dict), else the tuned table's, else the heuristic."""
     from . import table
@@ -32,6 +37,9 @@ def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
     return table.lookup(m, n, k, device) or heuristic(arch, m, n, k)
 
 
+_ACT_QUANT: dict = {}  # device -> compiled activation quantizer
+
+
 def run_act_quant(qr):
     """SPEC step 1 on the GPU; returns (a_fp8 [T, K], scale float32 [T, K/128])."""
     from . import jit
@@ -39,8 +47,9 @@ def run_act_quant(qr):
     t, k = qr.shape
     a_fp8 = torch.empty(t, k, dtype=torch.float8_e4m3fn, device=qr.device)
     scale = torch.empty(t, k // 128, dtype=torch.float32, device=qr.device)
-    arch = _arch_of(qr.device)
-    kernel = jit.compile_act_quant(arch)
+    kernel = _ACT_QUANT.get(qr.device)
+    if kernel is None:
+        kernel = _ACT_QUANT.setdefault(qr.device, jit.compile_act_quant(_arch_of(qr.device)))
     kernel(qr.view(torch.int32), a_fp8.view(torch.int32), scale)
     return a_fp8, scale
 
@@ -91,10 +100,13 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
     n, heads = weights.n, weights.heads
     if verified_only:
         check_available(arch, out_format)
-    config = choose_tactic(arch, qr.device, t, n, k, tactic).to_config(
-        arch, hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
-        positions_dtype="int64" if positions.dtype == torch.int64 else "int32")
-    kernel = jit.compile_fused(config, n, k)
+    tactic = choose_tactic(arch, qr.device, t, n, k, tactic)
+    key = (arch, tactic, hadamard, fp4_rounding, out_format, positions.dtype, n, k)
+    kernel = _FUSED.get(key)
+    if kernel is None:  # first call of this combination: build the compile key
+        config = tactic.to_config(arch, hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
+                                  positions_dtype="int64" if positions.dtype == torch.int64 else "int32")
+        kernel = _FUSED.setdefault(key, jit.compile_fused(config, n, k))
     a_fp8, a_scale = run_act_quant(qr)
     dev = qr.device
     if out is None:
