@@ -7,7 +7,6 @@ stores), so the same code serves sm_90a and sm_100a.
 """
 from __future__ import annotations
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 

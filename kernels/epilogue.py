@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32
+from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -83,10 +83,6 @@ class HeadRowLayout:
         return col
 
 
-# SM90 WGMMA accumulator: a row's columns are 8j + 2q + v, q = lane % 4, local = 2j + v.
-SM90_ACC_ROW_LAYOUT = HeadRowLayout(
-    (("local", 0), ("lane", 0), ("lane", 1), ("local", 1), ("local", 2), ("local", 3), ("local", 4))
-)
 # The sm_90a epilogue warpgroup reads bf16 rows from shared memory, 4 lanes a row: lane q
 # holds columns 16*(q&1) + 32*(q>>1) + {0..15} and the same + 64. Column bit 6 (the RoPE
 # half) is local, each MXFP4 block spans 2 lanes, and the packed bytes come out as
@@ -138,12 +134,6 @@ def fmax_nan(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
 def fmax_abs_nan(m: Float32, v: Float32, *, loc=None, ip=None) -> Float32:
     """max(m, |v|), NaN-propagating; ptxas folds the abs into the max."""
     return _f32_asm("{ .reg .f32 t; abs.f32 t, $2; max.NaN.f32 $0, $1, t; }", m, v, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def round_bf16(a: Float32, *, loc=None, ip=None) -> Float32:
-    """fp32 -> bf16 (round to nearest even) -> fp32."""
-    return _f32_asm("{ .reg .b16 t; cvt.rn.bf16.f32 t, $1; cvt.f32.bf16 $0, t; }", a, loc=loc, ip=ip)
 
 
 def bf16x2_word(lo: Float32, hi: Float32) -> Int32:
@@ -242,10 +232,6 @@ def lane_max(v: Float32, lane_xor: int) -> Float32:
 
 
 # ---------------------------------------------------------------- row transforms
-def bf16_round_row(vals: list) -> list:
-    return [round_bf16(v) for v in vals]
-
-
 def rope_row(vals: list, layout: HeadRowLayout, cos_vals: list, sin_vals: list) -> list:
     """SPEC step 3 on bf16-valued fp32 `vals`: GPT-J pairs on columns 64..127. cos_vals[k]
     and sin_vals[k] belong to the k-th entry of layout.rope_pairs() (the caller loads

@@ -16,7 +16,6 @@ Warpgroups: 0 = TMA producer, 1..C = MMA consumers, C+1 = epilogue.
 """
 from __future__ import annotations
 
-import math
 
 import cutlass
 import cutlass.cute as cute

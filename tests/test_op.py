@@ -34,7 +34,7 @@ def test_traces_into_one_graph_node():
     def f(qr, w, s, p, cs):
         return torch.ops.indexer_q.fused_indexer_q(qr, w, s, p, cs, False, "floor-ties", "mxfp4", "")
 
-    with FakeTensorMode() as mode:
+    with FakeTensorMode():
         args = _fake_inputs()
     gm = make_fx(f, tracing_mode="fake")(*args)
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and "indexer_q" in str(n.target)]

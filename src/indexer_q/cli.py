@@ -4,7 +4,6 @@ Heavy modules (torch, CuTe DSL) are imported inside the commands, never at impor
 from __future__ import annotations
 
 import argparse
-import sys
 
 from .constants import FP4_ROUNDINGS, OUT_FORMATS, SUPPORTED_ARCHES
 
