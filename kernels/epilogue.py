@@ -329,3 +329,66 @@ def fp8_row(vals: list, layout: HeadRowLayout, scaled: bool):
         cvt_e4m3x2(vals[2 * p] * inv, vals[2 * p + 1] * inv) for p in range(layout.num_local // 2)
     ]
     return pairs, e
+
+
+# ---------------------------------------------------------------- row I/O, whole row
+def load_cos_sin(layout: HeadRowLayout, row, m, num_pos, positions, cos_sin, lane_cols):
+    """(cos, sin) lists for the RoPE pairs this thread holds, in layout.rope_pairs()
+    order; identity (1, 0) for a position outside [0, P). Rows past M and such positions
+    never read outside the tensors. The pairs must come in runs of 4 that start 16-byte
+    aligned (true of every layout here: the lane part of a pair index is a multiple of 4)."""
+    pos = positions[cutlass.min(row, m - 1)]
+    pos_ok = (pos >= 0) & (pos < num_pos)
+    pos_idx = Int32(cutlass.select_(pos_ok, pos, type(pos)(0)))
+    pair0 = lane_cols >> 1
+    statics = [k for _, k in layout.rope_pairs()]
+    assert all(statics[i] + 1 == statics[i + 1] for i in range(len(statics) - 1) if (i + 1) % 4)
+    assert len(statics) % 4 == 0 and all(statics[i] % 4 == 0 for i in range(0, len(statics), 4))
+    cos_vals, sin_vals = [], []
+    for first in range(0, len(statics), 4):
+        col = pair0 + statics[first]
+        cos_vals.extend(load_f32x4(cos_sin.iterator + cute.crd2idx((pos_idx, col), cos_sin.layout)))
+        sin_vals.extend(load_f32x4(cos_sin.iterator + cute.crd2idx((pos_idx, col + 32), cos_sin.layout)))
+    cos_vals = [sel_f32(pos_ok, c, 1.0) for c in cos_vals]
+    sin_vals = [sel_f32(pos_ok, v, 0.0) for v in sin_vals]
+    return cos_vals, sin_vals
+
+
+def store_row(layout: HeadRowLayout, out_format_id: int, row, m, head, lane_in_row, lane_cols,
+              packed, scale_word, out_q, out_scale):
+    """Word stores of one head row, predicated on row < M. out_q is viewed as int32 words;
+    4 consecutive packed bytes (or 2 e4m3 pairs) make one word."""
+    ok = row < m
+    safe_row = cutlass.min(row, m - 1)
+    if out_format_id == OUT_MXFP4:
+        base = head * (HEAD_DIM // 2) + (lane_cols >> 1)
+        for p in range(0, len(packed), 4):
+            word = packed[p] | (packed[p + 1] << 8) | (packed[p + 2] << 16) | (packed[p + 3] << 24)
+            col = (base + layout.column_static(2 * p) // 2) >> 2
+            store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), word, ok)
+    else:
+        base = head * HEAD_DIM + lane_cols
+        for p in range(0, len(packed), 2):
+            word = (packed[p] & 0xFFFF) | (packed[p + 1] << 16)
+            col = (base + layout.column_static(2 * p)) >> 2
+            store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), word, ok)
+    if out_format_id != OUT_FP8_UNSCALED:
+        store_i32_if(out_scale.iterator + cute.crd2idx((safe_row, head), out_scale.layout),
+                     scale_word, ok & (lane_in_row == 0))
+
+
+def head_row_epilogue(vals: list, layout: HeadRowLayout, lane_in_row, cos_sin_vals, config, row, m,
+                      head, out_q, out_scale) -> None:
+    """SPEC steps 3-6 on one head row of bf16-valued fp32 `vals` and its stores: what
+    every arch's kernel runs once it holds a row (`config`: a kernels.gemm_base.GemmConfig)."""
+    lane_cols = layout.column_lane_bits(lane_in_row)
+    vals = rope_row(vals, layout, cos_sin_vals[0], cos_sin_vals[1])
+    if config.hadamard:
+        vals = hadamard_row(vals, layout, lane_in_row)
+    if config.out_format_id == OUT_MXFP4:
+        packed, scale_word = mxfp4_row(vals, layout, lane_in_row, config.rne)
+    else:
+        packed, e = fp8_row(vals, layout, config.out_format_id == OUT_FP8)
+        scale_word = (e + 127) << 23  # fp32 bits of 2^e
+    store_row(layout, config.out_format_id, row, m, head, lane_in_row, lane_cols, packed, scale_word,
+              out_q, out_scale)

@@ -441,23 +441,16 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             rows = [tile[0] * bm + p * EPI_ROWS_PER_PASS + row_in_pass for p in range(passes)]
             # Everything below is one basic block (stores are predicated), and the cos/sin
             # rows are requested before the tile is ready, so their latency overlaps the wait.
-            cs = [self._load_cos_sin(rows[p], m, num_pos, positions, cos_sin, lane_cols)
+            cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
                   for p in range(min(2, passes))]
             epi_pipeline.consumer_wait(epi_state)
             for p in cutlass.range_constexpr(passes):
                 if cutlass.const_expr(p + 2 < passes):
-                    cs.append(self._load_cos_sin(rows[p + 2], m, num_pos, positions, cos_sin, lane_cols))
+                    cs.append(epi.load_cos_sin(layout, rows[p + 2], m, num_pos, positions, cos_sin, lane_cols))
                 r = p * EPI_ROWS_PER_PASS + row_in_pass
                 vals = self._load_row(sQ, epi_state.index, r, layout, lane_cols)
-                vals = epi.rope_row(vals, layout, cs[p][0], cs[p][1])
-                if cutlass.const_expr(self.config.hadamard):
-                    vals = epi.hadamard_row(vals, layout, lane_in_row)
-                if cutlass.const_expr(self.config.out_format_id == epi.OUT_MXFP4):
-                    packed, scale_word = epi.mxfp4_row(vals, layout, lane_in_row, self.config.rne)
-                else:
-                    packed, e = epi.fp8_row(vals, layout, self.config.out_format_id == epi.OUT_FP8)
-                    scale_word = (e + 127) << 23  # fp32 bits of 2^e
-                self._store_row(rows[p], m, head, lane_in_row, lane_cols, packed, scale_word, out_q, out_scale)
+                epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
+                                      out_q, out_scale)
             epi_pipeline.consumer_release(epi_state)
             epi_state.advance()
             sched.advance_to_next_work()
@@ -470,44 +463,3 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             word = (lane_cols + layout.column_static(local)) >> 1
             vals[local], vals[local + 1] = epi.bf16x2_unpack(sQ[buf, r, self._swizzled_word(r, word)])
         return vals
-
-    def _load_cos_sin(self, row, m, num_pos, positions, cos_sin, lane_cols):
-        """(cos, sin) lists for the RoPE pairs this thread holds, in layout.rope_pairs()
-        order; identity (1, 0) for a position outside [0, P). Rows past M and such
-        positions never read outside the tensors."""
-        pos = positions[cutlass.min(row, m - 1)]
-        pos_ok = (pos >= 0) & (pos < num_pos)
-        pos_idx = Int32(cutlass.select_(pos_ok, pos, type(pos)(0)))
-        pair0 = lane_cols >> 1
-        statics = [k for _, k in self.row_layout.rope_pairs()]
-        assert statics == list(range(statics[0], statics[0] + len(statics))) and len(statics) % 4 == 0
-        cos_vals, sin_vals = [], []
-        for first in range(0, len(statics), 4):  # pair0 is a multiple of 8: 16-byte aligned
-            col = pair0 + statics[first]
-            cos_vals.extend(epi.load_f32x4(cos_sin.iterator + cute.crd2idx((pos_idx, col), cos_sin.layout)))
-            sin_vals.extend(epi.load_f32x4(cos_sin.iterator + cute.crd2idx((pos_idx, col + 32), cos_sin.layout)))
-        cos_vals = [epi.sel_f32(pos_ok, c, 1.0) for c in cos_vals]
-        sin_vals = [epi.sel_f32(pos_ok, v, 0.0) for v in sin_vals]
-        return cos_vals, sin_vals
-
-    def _store_row(self, row, m, head, lane_in_row, lane_cols, packed, scale_word, out_q, out_scale):
-        """Word stores of one row, predicated on row < M. out_q is viewed as int32
-        words; 4 consecutive packed bytes (or 2 e4m3 pairs) make one word."""
-        layout = self.row_layout
-        ok = row < m
-        safe_row = cutlass.min(row, m - 1)
-        if self.config.out_format_id == epi.OUT_MXFP4:
-            base = head * (epi.HEAD_DIM // 2) + (lane_cols >> 1)
-            for p in range(0, len(packed), 4):
-                word = packed[p] | (packed[p + 1] << 8) | (packed[p + 2] << 16) | (packed[p + 3] << 24)
-                col = (base + layout.column_static(2 * p) // 2) >> 2
-                epi.store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), word, ok)
-        else:
-            base = head * epi.HEAD_DIM + lane_cols
-            for p in range(0, len(packed), 2):
-                word = (packed[p] & 0xFFFF) | (packed[p + 1] << 16)
-                col = (base + layout.column_static(2 * p)) >> 2
-                epi.store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), word, ok)
-        if self.config.out_format_id != epi.OUT_FP8_UNSCALED:
-            epi.store_i32_if(out_scale.iterator + cute.crd2idx((safe_row, head), out_scale.layout),
-                             scale_word, ok & (lane_in_row == 0))
