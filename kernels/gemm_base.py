@@ -66,6 +66,7 @@ class FusedIndexerQGemmBase:
 
     supported_kinds: tuple = ()
     arch: str = ""
+    ptx_signature: tuple = ()  # (name, substring the compiled PTX must hold): CI checks it
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -85,3 +86,30 @@ class FusedIndexerQGemmBase:
     @classmethod
     def can_implement(cls, config: GemmConfig, n: int, k: int) -> bool:
         return not cls.config_problems(config) and not config.problems(n, k)
+
+    def operand_args(self, m, n: int, k: int) -> list:
+        """Fake tensors for the GEMM operands and their scales (arch-specific)."""
+        raise NotImplementedError
+
+    def compile_args(self, n: int, k: int, sms: int) -> list:
+        """Arguments for cute.compile: fake tensors with M (tokens) and P (cos_sin rows)
+        symbolic, so one compile serves every M; N and K fixed."""
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+        cfg = self.config
+        m, p = cute.sym_int(), cute.sym_int()
+        pos_dtype = cutlass.Int64 if cfg.positions_dtype == "int64" else cutlass.Int32
+        q_words = n // 8 if cfg.out_format == "mxfp4" else n // 4
+        rowmaj = (1, 0)
+        return [
+            *self.operand_args(m, n, k),
+            make_fake_compact_tensor(pos_dtype, (m,), assumed_align=8),
+            make_fake_compact_tensor(cutlass.Float32, (p, 64), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Int32, (m, q_words), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()), stride_order=rowmaj,
+                                     assumed_align=4),
+            sms // (cfg.cluster_m * cfg.cluster_n),  # clusters resident at once
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+        ]

@@ -39,6 +39,7 @@ WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
 class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
     arch = "sm_90a"
     supported_kinds = ("native",)
+    ptx_signature = ("wgmma.mma_async e4m3", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3")
 
     @classmethod
     def config_problems(cls, config: GemmConfig) -> list[str]:
@@ -77,6 +78,19 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         total = WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs + self.epilogue_regs)
         assert total <= launch, f"setmaxnreg budgets need {total} of {launch} registers"
         self.row_layout = epi.SM90_EPI_ROW_LAYOUT
+
+    def operand_args(self, m, n: int, k: int) -> list:
+        """fp8 A [M, K], f32 activation scales [M, K/128], fp8 W [N, K], f32 W scales."""
+        import cutlass
+        from cutlass.cute.runtime import make_fake_compact_tensor
+
+        rowmaj = (1, 0)
+        return [
+            make_fake_compact_tensor(cutlass.Float8E4M3FN, (m, k), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Float32, (m, k // 128), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Float8E4M3FN, (n, k), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Float32, (n // 128, k // 128), stride_order=rowmaj, assumed_align=16),
+        ]
 
     # ------------------------------------------------------------------ host side
     @cute.jit

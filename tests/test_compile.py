@@ -51,6 +51,25 @@ def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, out_format, hadamard, tmp_pat
         assert split <= entry * k.threads, f"setmaxnreg split {split} > {entry} x {k.threads}"
 
 
+@pytest.mark.parametrize("out_format,hadamard", [("mxfp4", True), ("fp8", False)])
+def test_sm100_fused_compiles_to_tcgen05_block_scaled_mma(out_format, hadamard, tmp_path):
+    from indexer_q.kernels.gemm_sm100 import Sm100FusedIndexerQ
+
+    cfg = GemmConfig(arch="sm_100a", tile_m=128, out_format=out_format, hadamard=hadamard)
+    ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
+    ptx = _ptx(ck)
+    assert ".target sm_100a" in ptx
+    assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in ptx
+    for op in ("tcgen05.cp", "tcgen05.ld.sync.aligned.32x32b.x128", "tcgen05.alloc", "tcgen05.dealloc"):
+        assert op in ptx, op
+    assert Sm100FusedIndexerQ.ptx_signature[1] in ptx
+    if shutil.which("ptxas"):
+        rep = subprocess.run(["ptxas", "-arch=sm_100a", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
+                             capture_output=True, text=True, check=True).stderr
+        spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)]
+        assert spills and max(spills) == 0, rep
+
+
 def test_config_rejections():
     from indexer_q.kernels.gemm_sm90 import Sm90FusedIndexerQ
 
@@ -58,11 +77,16 @@ def test_config_rejections():
     assert not Sm90FusedIndexerQ.can_implement(GemmConfig(tile_m=96), 8192, 1536)
     assert not Sm90FusedIndexerQ.can_implement(GemmConfig(stages=40), 8192, 1536)
     assert not Sm90FusedIndexerQ.can_implement(GemmConfig(arch="sm_100a"), 8192, 1536)
+    from indexer_q.kernels.gemm_sm100 import Sm100FusedIndexerQ
+
+    assert Sm100FusedIndexerQ.can_implement(GemmConfig(arch="sm_100a"), 8192, 1536)
+    assert not Sm100FusedIndexerQ.can_implement(GemmConfig(arch="sm_100a", tile_m=64), 8192, 1536)
     assert not Sm90FusedIndexerQ.can_implement(GemmConfig(cluster_n=2), 1152, 1536)  # 9 heads
     assert not Sm90FusedIndexerQ.can_implement(GemmConfig(), 8192, 1000)
 
 
-def test_compile_for_arch_reports_checks(tmp_path):
-    records = dispatch.compile_for_arch("sm_90a", tmp_path)
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_compile_for_arch_reports_checks(arch, tmp_path):
+    records = dispatch.compile_for_arch(arch, tmp_path)
     assert {r["kernel"] for r in records} >= {"act_quant_fp8", "fused_native_tile_m128"}
-    assert all(all(r["checks"].values()) for r in records)
+    assert all(r["checks"] and all(r["checks"].values()) for r in records)

@@ -44,31 +44,6 @@ class CompiledKernel:
         return self.fn(*args)
 
 
-def _fake_fused_args(config, n: int, k: int):
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-
-    m = cute.sym_int()
-    p = cute.sym_int()
-    heads = n // 128
-    pos_dtype = cutlass.Int64 if config.positions_dtype == "int64" else cutlass.Int32
-    q_words = n // 8 if config.out_format == "mxfp4" else n // 4
-    rowmaj = (1, 0)
-    return [
-        make_fake_compact_tensor(cutlass.Float8E4M3FN, (m, k), stride_order=rowmaj, assumed_align=16),
-        make_fake_compact_tensor(cutlass.Float32, (m, k // 128), stride_order=rowmaj, assumed_align=16),
-        make_fake_compact_tensor(cutlass.Float8E4M3FN, (n, k), stride_order=rowmaj, assumed_align=16),
-        make_fake_compact_tensor(cutlass.Float32, (heads, k // 128), stride_order=rowmaj, assumed_align=16),
-        make_fake_compact_tensor(pos_dtype, (m,), assumed_align=8),
-        make_fake_compact_tensor(cutlass.Float32, (p, 64), stride_order=rowmaj, assumed_align=16),
-        make_fake_compact_tensor(cutlass.Int32, (m, q_words), stride_order=rowmaj, assumed_align=16),
-        make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()), stride_order=rowmaj, assumed_align=4),
-        H200_SMS // (config.cluster_m * config.cluster_n),  # clusters resident at once
-        make_fake_stream(use_tvm_ffi_env_stream=True),
-    ]
-
-
 def _compile(name: str, arch: str, obj, args, keep_dir: str | None) -> CompiledKernel:
     import cutlass.cute as cute
 
@@ -223,5 +198,5 @@ def compile_fused(config, n: int, k: int, *, keep_dir: str | None = None) -> Com
         ("fused_indexer_q", config.arch, config, n, k),
         keep_dir,
         lambda: _compile("fused_indexer_q", config.arch, cls(config),
-                         _fake_fused_args(config, n, k), keep_dir),
+                         cls(config).compile_args(n, k, H200_SMS), keep_dir),
     )

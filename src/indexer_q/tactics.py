@@ -12,7 +12,10 @@ import itertools
 from dataclasses import dataclass
 
 # arch -> kernel class path; the one place that says which kernels exist
-KERNEL_CLASSES = {"sm_90a": ("indexer_q.kernels.gemm_sm90", "Sm90FusedIndexerQ")}
+KERNEL_CLASSES = {
+    "sm_90a": ("indexer_q.kernels.gemm_sm90", "Sm90FusedIndexerQ"),
+    "sm_100a": ("indexer_q.kernels.gemm_sm100", "Sm100FusedIndexerQ"),  # compiled only so far
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,9 @@ def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
 
 
 def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
-    """The default without a tuned table: one consumer warpgroup (64-row tiles) while
-    128-row tiles would leave most of the chip idle, two otherwise. Measured on the
-    H200 (tuning/results): clusters and finer promotion did not pay at any M."""
+    """The default without a tuned table. sm_90a: one consumer warpgroup (64-row tiles)
+    while 128-row tiles would leave most of the chip idle, two otherwise (measured on the
+    H200: clusters and finer promotion did not pay at any M). sm_100a: its one tile."""
+    if arch == "sm_100a":
+        return Tactic(tile_m=128)
     return Tactic(tile_m=64 if m <= 64 else 128)

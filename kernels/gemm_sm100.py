@@ -1,0 +1,376 @@
+"""Blackwell (sm_100a) fused indexer-Q kernel, native tactic. Compiled and checked on the
+CPU (tcgen05 block-scaled MMA in its PTX); no Blackwell GPU has run it yet.
+
+Persistent, warp-specialized: warp 5 issues TMA loads of A (e4m3 activation), B (e4m3
+weight) and their UE8M0 scale factors (the SPEC's 1x128 / 128x128 scales replicated per
+32 K into the 128x4 scale-factor atom layout) into a ring of shared-memory stages; warp 4
+copies the scale factors into tensor memory and issues `tcgen05.mma ...
+kind::mxf8f6f4.block_scale` into a TMEM accumulator (two stages, so the next tile's MMAs
+run while the epilogue drains this one); warps 0-3 load the accumulator one row a thread
+(`tcgen05.ld 32x32b`, 128 columns = one head) and run the shared epilogue
+(kernels/epilogue.py, SM100_ROW_LAYOUT: every column thread-local, no shuffles).
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.blackwell_helpers as sm100_utils
+import cutlass.utils.blockscaled_layout as blockscaled_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import tcgen05
+from cutlass.cute.nvgpu.tcgen05 import OperandMajorMode
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from . import epilogue as epi
+from .gemm_base import SCALE_BLOCK_K, FusedIndexerQGemmBase, GemmConfig
+
+SF_VEC = 32  # MXF8 block scaling: one UE8M0 byte per 32 K
+SMEM_CAPACITY = 227 * 1024
+EPI_WARPS = (0, 1, 2, 3)
+MMA_WARP = 4
+TMA_WARP = 5
+ACC_STAGES = 2
+
+
+def sf_atom_offset(row: int, k_block32: int, k: int) -> int:
+    """Byte offset of a scale factor in the 128x4 atom layout (rows padded to 128):
+    [row // 128][k_block32 // 4][row % 32][(row // 32) % 4][k_block32 % 4]."""
+    return (((row // 128) * (k // 128) + k_block32 // 4) * 512
+            + (row % 32) * 16 + ((row // 32) % 4) * 4 + k_block32 % 4)
+
+
+def _bf16_row(regs) -> list:
+    """A row of fp32 accumulator registers, rounded to bf16 (as exact fp32), as a list."""
+    out = []
+    for c in range(0, epi.HEAD_DIM, 2):
+        out.extend(epi.round_bf16_pair(regs[c], regs[c + 1]))
+    return out
+
+
+class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
+    arch = "sm_100a"
+    supported_kinds = ("native",)
+    ptx_signature = ("tcgen05.mma block_scale", "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale")
+
+    @classmethod
+    def config_problems(cls, config: GemmConfig) -> list[str]:
+        out = super().config_problems(config)
+        if config.tile_m != 128:
+            out.append(f"tile_m={config.tile_m} (sm_100a: 128, one MMA M)")
+        if config.cluster_m != 1 or config.cluster_n != 1:
+            out.append("clusters are not implemented on sm_100a yet")
+        if config.mma_per_promotion != 4:
+            out.append("sm_100a applies the block scales in the MMA (no promotion knob)")
+        if config.stages and not 2 <= config.stages <= cls.max_stages(config):
+            out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
+        return out
+
+    @staticmethod
+    def max_stages(config: GemmConfig) -> int:
+        ab = (config.tile_m + epi.HEAD_DIM) * SCALE_BLOCK_K
+        sf = (config.tile_m + epi.HEAD_DIM) * SCALE_BLOCK_K // SF_VEC
+        return (SMEM_CAPACITY - 2048) // (ab + sf)
+
+    def __init__(self, config: GemmConfig):
+        super().__init__(config)
+        self.stages = config.stages or min(self.max_stages(config), 8)
+        self.mma_tiler_mn = (config.tile_m, epi.HEAD_DIM)
+        self.threads = 32 * (len(EPI_WARPS) + 2)
+        self.row_layout = epi.SM100_ROW_LAYOUT
+        self.epilog_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=32 * len(EPI_WARPS))
+        self.tmem_alloc_barrier = pipeline.NamedBarrier(barrier_id=2, num_threads=32 * (len(EPI_WARPS) + 1))
+
+    def _tiled_mma(self, a_dtype, b_dtype, sf_dtype, tiler_mn):
+        return sm100_utils.make_blockscaled_trivial_tiled_mma(
+            a_dtype, b_dtype, OperandMajorMode.K, OperandMajorMode.K, sf_dtype, SF_VEC,
+            tcgen05.CtaGroup.ONE, tiler_mn,
+        )
+
+    def operand_args(self, m, n: int, k: int) -> list:
+        """fp8 A [M, K], its UE8M0 bytes in the atom layout (rows padded to 128, flat),
+        fp8 W [N, K], its UE8M0 bytes likewise."""
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_compact_tensor
+
+        rowmaj = (1, 0)
+        return [
+            make_fake_compact_tensor(cutlass.Float8E4M3FN, (m, k), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Uint8, (cute.sym_int(),), assumed_align=128),
+            make_fake_compact_tensor(cutlass.Float8E4M3FN, (n, k), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Uint8, (n * k // SF_VEC,), assumed_align=128),
+        ]
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,  # fp8 [M, K], K-major
+        sfa_bytes: cute.Tensor,  # uint8, the activation's UE8M0 bytes in the atom layout
+        w: cute.Tensor,  # fp8 [N, K], K-major
+        sfw_bytes: cute.Tensor,  # uint8, the weight's UE8M0 bytes in the atom layout
+        positions: cute.Tensor,  # int32/int64 [M]
+        cos_sin: cute.Tensor,  # f32 [P, 64]
+        out_q: cute.Tensor,  # int32 words [M, N/8] (packed mxfp4) or [M, N/4] (e4m3 bytes)
+        out_scale: cute.Tensor,  # int32 [M, H]
+        max_active_clusters: cutlass.Constexpr,
+        stream,
+    ):
+        m, k = a.shape
+        n = w.shape[0]
+        a_dtype, b_dtype, sf_dtype = a.element_type, w.element_type, cutlass.Float8E8M0FNU
+        # (M, K, L = 1) views, K-major, as the tcgen05 helpers expect
+        a3 = cute.make_tensor(a.iterator, cute.make_layout((m, k, 1), stride=(k, 1, m * k)))
+        b3 = cute.make_tensor(w.iterator, cute.make_layout((n, k, 1), stride=(k, 1, n * k)))
+        sfa = cute.make_tensor(cute.recast_ptr(sfa_bytes.iterator, dtype=sf_dtype),
+                               blockscaled_utils.tile_atom_to_shape_SF(a3.shape, SF_VEC))
+        sfb = cute.make_tensor(cute.recast_ptr(sfw_bytes.iterator, dtype=sf_dtype),
+                               blockscaled_utils.tile_atom_to_shape_SF(b3.shape, SF_VEC))
+
+        tiled_mma = self._tiled_mma(a_dtype, b_dtype, sf_dtype, self.mma_tiler_mn)
+        mma_k = cute.size(tiled_mma.shape_mnk, mode=[2])
+        self.mma_tiler = (*self.mma_tiler_mn, mma_k * (SCALE_BLOCK_K // mma_k))
+        self.cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
+        stages = self.stages
+        self.a_smem_staged = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, a_dtype, stages)
+        self.b_smem_staged = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, b_dtype, stages)
+        self.sfa_smem_staged = blockscaled_utils.make_smem_layout_sfa(tiled_mma, self.mma_tiler, SF_VEC, stages)
+        self.sfb_smem_staged = blockscaled_utils.make_smem_layout_sfb(tiled_mma, self.mma_tiler, SF_VEC, stages)
+
+        def tma(load_b, op_tensor, smem_staged, internal=None):
+            smem = cute.slice_(smem_staged, (None, None, None, 0))
+            make = cute.nvgpu.make_tiled_tma_atom_B if load_b else cute.nvgpu.make_tiled_tma_atom_A
+            op = (sm100_utils.cluster_shape_to_tma_atom_B if load_b else sm100_utils.cluster_shape_to_tma_atom_A)(
+                (1, 1), tiled_mma.thr_id)
+            atom, tensor = make(op, op_tensor, smem, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
+                                internal_type=internal)
+            return atom, tensor, smem
+
+        tma_a, mA, a_smem = tma(False, a3, self.a_smem_staged)
+        tma_b, mB, b_smem = tma(True, b3, self.b_smem_staged)
+        tma_sfa, mSFA, sfa_smem = tma(False, sfa, self.sfa_smem_staged, cutlass.Int16)
+        tma_sfb, mSFB, sfb_smem = tma(True, sfb, self.sfb_smem_staged, cutlass.Int16)
+        self.tx_bytes = (cute.size_in_bytes(a_dtype, a_smem) + cute.size_in_bytes(b_dtype, b_smem)
+                         + cute.size_in_bytes(sf_dtype, sfa_smem) + cute.size_in_bytes(sf_dtype, sfb_smem))
+
+        tiles_mnl = (cute.ceil_div(m, self.mma_tiler[0]), n // self.mma_tiler[1], 1)
+        sched_params = utils.PersistentTileSchedulerParams(tiles_mnl, (1, 1, 1), self.config.swizzle,
+                                                           self.config.raster_along_m)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
+
+        @cute.struct
+        class SharedStorage:
+            ab_full: cute.struct.MemRange[cutlass.Int64, stages]
+            ab_empty: cute.struct.MemRange[cutlass.Int64, stages]
+            acc_full: cute.struct.MemRange[cutlass.Int64, ACC_STAGES]
+            acc_empty: cute.struct.MemRange[cutlass.Int64, ACC_STAGES]
+            tmem_holding: cutlass.Int32
+            sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.a_smem_staged.outer)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[b_dtype, cute.cosize(self.b_smem_staged.outer)], 1024]
+            sSFA: cute.struct.Align[cute.struct.MemRange[sf_dtype, cute.cosize(self.sfa_smem_staged)], 1024]
+            sSFB: cute.struct.Align[cute.struct.MemRange[sf_dtype, cute.cosize(self.sfb_smem_staged)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            tiled_mma, self.cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
+            self.a_smem_staged, self.b_smem_staged, self.sfa_smem_staged, self.sfb_smem_staged,
+            sched_params, positions, cos_sin, out_q, out_scale, m,
+        ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(
+        self, tiled_mma: cute.TiledMma, cluster_layout_vmnk: cute.Layout, tma_a: cute.CopyAtom,
+        mA: cute.Tensor, tma_b: cute.CopyAtom,
+        mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor, tma_sfb: cute.CopyAtom, mSFB: cute.Tensor,
+        a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout, sfa_smem_staged: cute.Layout,
+        sfb_smem_staged: cute.Layout, sched_params: utils.PersistentTileSchedulerParams,
+        positions: cute.Tensor, cos_sin: cute.Tensor, out_q: cute.Tensor, out_scale: cute.Tensor, m: Int32,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == TMA_WARP:
+            for atom in (tma_a, tma_b, tma_sfa, tma_sfb):
+                cute.nvgpu.cpasync.prefetch_descriptor(atom)
+
+        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        ab_pipeline = pipeline.PipelineTmaUmma.create(
+            barrier_storage=storage.ab_full.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            tx_count=self.tx_bytes,
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        acc_pipeline = pipeline.PipelineUmmaAsync.create(
+            barrier_storage=storage.acc_full.data_ptr(),
+            num_stages=ACC_STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(EPI_WARPS)),
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        tmem = utils.TmemAllocator(storage.tmem_holding.ptr, barrier_for_retrieve=self.tmem_alloc_barrier,
+                                   allocator_warp_id=EPI_WARPS[0])
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+        sSFA = storage.sSFA.get_tensor(sfa_smem_staged)
+        sSFB = storage.sSFB.get_tensor(sfb_smem_staged)
+        # (bM, bK, tiles_m, tiles_k, L) etc., then the MMA's view of them
+        gA = cute.local_tile(mA, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gB = cute.local_tile(mB, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
+        gSFA = cute.local_tile(mSFA, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gSFB = cute.local_tile(mSFB, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
+        k_tiles = cute.size(gA, mode=[3])
+        thr_mma = tiled_mma.get_slice(0)
+        one_cta = cute.make_layout(1)
+
+        def partition(atom, s, g_mma):
+            ts, tg = cute.nvgpu.cpasync.tma_partition(atom, 0, one_cta, cute.group_modes(s, 0, 3),
+                                                      cute.group_modes(g_mma, 0, 3))
+            return ts, tg
+
+        tAsA, tAgA = partition(tma_a, sA, thr_mma.partition_A(gA))
+        tBsB, tBgB = partition(tma_b, sB, thr_mma.partition_B(gB))
+        tAsSFA, tAgSFA = partition(tma_sfa, sSFA, thr_mma.partition_A(gSFA))
+        tBsSFB, tBgSFB = partition(tma_sfb, sSFB, thr_mma.partition_B(gSFB))
+        tAsSFA, tAgSFA = cute.filter_zeros(tAsSFA), cute.filter_zeros(tAgSFA)
+        tBsSFB, tBgSFB = cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB)
+        tCrA = tiled_mma.make_fragment_A(sA)
+        tCrB = tiled_mma.make_fragment_B(sB)
+        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
+        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, ACC_STAGES))
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if warp_idx == TMA_WARP:
+            self._producer(ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
+                           tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB)
+        if warp_idx == MMA_WARP:
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(Float32)
+            self._mma(tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
+                      tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged)
+        if warp_idx < MMA_WARP:
+            tmem.allocate(cute.arch.get_max_tmem_alloc_cols("sm_100"))
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(Float32)
+            self._epilogue(acc_pipeline, sched_params, cute.make_tensor(acc_ptr, tCtAcc_fake.layout), tidx,
+                           positions, cos_sin, out_q, out_scale, m)
+            tmem.relinquish_alloc_permit()
+            self.epilog_barrier.arrive_and_wait()
+            tmem.free(acc_ptr)
+
+    @cute.jit
+    def _producer(self, ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
+                  tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB):
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
+                                                           cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            srcs = (
+                (tma_a, tAgA[(None, tile[0], None, 0)], tAsA),
+                (tma_b, tBgB[(None, tile[1], None, 0)], tBsB),
+                (tma_sfa, tAgSFA[(None, tile[0], None, 0)], tAsSFA),
+                (tma_sfb, tBgSFB[(None, tile[1], None, 0)], tBsSFB),
+            )
+            for kt in range(k_tiles):
+                ab_pipeline.producer_acquire(state)
+                bar = ab_pipeline.producer_get_barrier(state)
+                for atom, g, s in srcs:
+                    cute.copy(atom, g[(None, kt)], s[(None, state.index)], tma_bar_ptr=bar)
+                state.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        ab_pipeline.producer_tail(state)
+
+    def _s2t(self, s_sf, t_sf):
+        """Shared -> tensor memory copy of one stage's scale factors (tcgen05.cp)."""
+        s_compact = cute.filter_zeros(s_sf)
+        t_compact = cute.filter_zeros(t_sf)
+        atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), cutlass.Float8E8M0FNU)
+        copy = tcgen05.make_s2t_copy(atom, t_compact)
+        thr = copy.get_slice(0)
+        src = tcgen05.get_s2t_smem_desc_tensor(copy, thr.partition_S(s_compact))
+        return copy, src, thr.partition_D(t_compact)
+
+    @cute.jit
+    def _mma(self, tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
+             tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged):
+        acc = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
+        acc_cols = self.mma_tiler[1] * ACC_STAGES
+        sfa_cols = (self.mma_tiler[0] // 32) * (SCALE_BLOCK_K // SF_VEC)
+        sf_dtype = cutlass.Float8E8M0FNU
+        tCtSFA = cute.make_tensor(
+            cute.recast_ptr(acc_ptr + acc_cols, dtype=sf_dtype),
+            blockscaled_utils.make_tmem_layout_sfa(tiled_mma, self.mma_tiler, SF_VEC,
+                                                   cute.slice_(sfa_smem_staged, (None, None, None, 0))))
+        tCtSFB = cute.make_tensor(
+            cute.recast_ptr(acc_ptr + acc_cols + sfa_cols, dtype=sf_dtype),
+            blockscaled_utils.make_tmem_layout_sfb(tiled_mma, self.mma_tiler, SF_VEC,
+                                                   cute.slice_(sfb_smem_staged, (None, None, None, 0))))
+        copy_sfa, s2t_sfa_src, s2t_sfa_dst = self._s2t(sSFA, tCtSFA)
+        copy_sfb, s2t_sfb_src, s2t_sfb_dst = self._s2t(sSFB, tCtSFB)
+
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
+                                                           cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, ACC_STAGES)
+        while work.is_valid_tile:
+            tile_acc = acc[(None, None, None, acc_state.index)]
+            acc_pipeline.producer_acquire(acc_state)
+            for kt in range(k_tiles):
+                ab_pipeline.consumer_wait(ab_state)
+                stage = (None, None, None, None, ab_state.index)
+                cute.copy(copy_sfa, s2t_sfa_src[stage], s2t_sfa_dst)
+                cute.copy(copy_sfb, s2t_sfb_src[stage], s2t_sfb_dst)
+                tiled_mma.set(tcgen05.Field.ACCUMULATE, kt != 0)
+                crd = (None, None, None, ab_state.index)
+                cute.gemm(tiled_mma, tile_acc, [tCrA[crd], tCtSFA], [tCrB[crd], tCtSFB], tile_acc)
+                ab_pipeline.consumer_release(ab_state)
+                ab_state.advance()
+            acc_pipeline.producer_commit(acc_state)
+            acc_state.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        acc_pipeline.producer_tail(acc_state)
+
+    @cute.jit
+    def _epilogue(self, acc_pipeline, sched_params, acc, tidx, positions, cos_sin, out_q, out_scale, m):
+        # One TMEM lane (= tile row) a thread, all 128 columns: tcgen05.ld 32x32b x128.
+        tile_mn = self.mma_tiler[:2]
+        atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x128), Float32)
+        acc_tile = acc[((None, None), 0, 0, None)]
+        t2r = tcgen05.make_tmem_copy(atom, acc_tile[(None, None, 0)])
+        thr = t2r.get_slice(tidx)
+        tTR_tAcc = thr.partition_S(acc_tile)
+        tTR_cAcc = thr.partition_D(cute.make_identity_tensor(tile_mn))
+        regs = cute.make_rmem_tensor(tTR_cAcc.shape, Float32)
+        layout = self.row_layout
+        num_pos = cos_sin.shape[0]
+        zero = Int32(0)
+
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
+                                                           cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, ACC_STAGES)
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            row = tile[0] * tile_mn[0] + tidx
+            cs = epi.load_cos_sin(layout, row, m, num_pos, positions, cos_sin, zero)
+            acc_pipeline.consumer_wait(acc_state)
+            cute.copy(t2r, tTR_tAcc[(None, None, None, acc_state.index)], regs)
+            cute.arch.fence_view_async_tmem_load()
+            acc_pipeline.consumer_release(acc_state)  # the MMA warp may reuse this stage now
+            acc_state.advance()
+            vals = _bf16_row(regs)  # SPEC step 2's bf16 rounding
+            epi.head_row_epilogue(vals, layout, zero, cs, self.config, row, m, tile[1], out_q, out_scale)
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
