@@ -41,25 +41,36 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
     CPU tensors: the reference is indexer_q.reference.fused_indexer_q) and
     indexer_q.dispatch.KernelUnavailableError when no kernel is built for this
     arch/format; it never falls back to the reference."""
-    prob = V.check_kernel_inputs(qr, weights, positions, cos_sin, hadamard=hadamard,
-                                 fp4_rounding=fp4_rounding, out_format=out_format,
-                                 device_arch_fn=detect_arch)
+    from . import dispatch
+    from . import op  # registers torch.ops.indexer_q.fused_indexer_q  # noqa: F401
+
+    # Eager: everything is checked here, before the op. While torch.compile traces,
+    # pointers and the device cannot be read, so the op checks the same when it runs.
+    checked = not torch.compiler.is_compiling()
+    if checked:
+        t = check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format)
+        if t == 0:
+            from .reference import empty_outputs
+
+            return empty_outputs(0, weights.heads, out_format, qr.device)
+    q, q_scale = torch.ops.indexer_q.fused_indexer_q(
+        qr, weights.weight, weights.weight_scale, positions, cos_sin, hadamard, fp4_rounding,
+        out_format, dispatch.tactic_json(tactic), checked)
+    return q, (None if out_format == "fp8-unscaled" else q_scale)
+
+
+def check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format) -> int:
+    """Every check of a fused_indexer_q call, before any launch; returns T."""
     from . import dispatch
     from .env import check_mode
 
-    dispatch.check_available(weights.arch, out_format)  # before any launch
+    prob = V.check_kernel_inputs(qr, weights, positions, cos_sin, hadamard=hadamard,
+                                 fp4_rounding=fp4_rounding, out_format=out_format,
+                                 device_arch_fn=detect_arch)
+    dispatch.check_available(weights.arch, out_format)
     if check_mode():
         V.check_positions_in_range(positions, prob.p)
-    if prob.t == 0:
-        from .reference import empty_outputs
-
-        return empty_outputs(0, prob.heads, out_format, qr.device)
-    from . import op  # registers torch.ops.indexer_q.fused_indexer_q  # noqa: F401
-
-    q, q_scale = torch.ops.indexer_q.fused_indexer_q(
-        qr, weights.weight, weights.weight_scale, positions, cos_sin, hadamard, fp4_rounding,
-        out_format, dispatch.tactic_json(tactic))
-    return q, (None if out_format == "fp8-unscaled" else q_scale)
+    return prob.t
 
 
 def quantize_act_fp8(qr):

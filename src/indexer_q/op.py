@@ -24,9 +24,11 @@ def fused_indexer_q_op(
     fp4_rounding: str,
     out_format: str,
     tactic: str,
+    checked: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, q_scale); for out_format="fp8-unscaled" q_scale is an empty placeholder that
-    the api turns into None. `tactic` is a Tactic as JSON, or "" for the default choice."""
+    the api turns into None. `tactic` is a Tactic as JSON, or "" for the default choice;
+    `checked` says the api already validated the call (False inside compiled graphs)."""
     from . import dispatch
     from .arch import detect_arch
     from .weights import IndexerQWeights
@@ -34,6 +36,12 @@ def fused_indexer_q_op(
     weights = IndexerQWeights(weight=weight, weight_scale=weight_scale, n=weight.shape[0],
                               k=weight.shape[1], heads=weight.shape[0] // 128,
                               arch=detect_arch(weight.device))
+    if not checked:
+        from .api import check_call
+
+        if check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format) == 0:
+            q, q_scale = empty_outputs(0, weights.heads, out_format, qr.device)
+            return q, (q_scale if q_scale is not None else torch.empty(0, device=qr.device))
     q, q_scale = dispatch.run_fused(qr, weights, positions, cos_sin, hadamard=hadamard,
                                     fp4_rounding=fp4_rounding, out_format=out_format,
                                     tactic=json.loads(tactic) if tactic else None,
@@ -44,7 +52,7 @@ def fused_indexer_q_op(
 
 
 @fused_indexer_q_op.register_fake
-def _(qr, weight, weight_scale, positions, cos_sin, hadamard, fp4_rounding, out_format, tactic):
+def _(qr, weight, weight_scale, positions, cos_sin, hadamard, fp4_rounding, out_format, tactic, checked):
     q, q_scale = empty_outputs(qr.shape[0], weight.shape[0] // 128, out_format, qr.device)
     if q_scale is None:
         q_scale = qr.new_empty(0, dtype=torch.float32)
