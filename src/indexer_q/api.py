@@ -55,7 +55,7 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
             return empty_outputs(0, weights.heads, out_format, qr.device)
     q, q_scale = torch.ops.indexer_q.fused_indexer_q(
         qr, weights.weight, weights.weight_scale, positions, cos_sin, hadamard, fp4_rounding,
-        out_format, dispatch.tactic_json(tactic), checked)
+        out_format, dispatch.tactic_json(tactic), checked, weights.extras.get("sf_atoms"))
     return q, (None if out_format == "fp8-unscaled" else q_scale)
 
 

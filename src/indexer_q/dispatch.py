@@ -100,9 +100,6 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
     n, heads = weights.n, weights.heads
     if verified_only:
         check_available(arch, out_format)
-    if arch != "sm_90a":  # the sm_100a kernel compiles, but its operand layouts are not fed yet
-        raise KernelUnavailableError(f"fused_indexer_q: the {arch} host path (UE8M0 scale-factor "
-                                     "layouts for tcgen05) is not written yet; the kernel only compiles")
     tactic = choose_tactic(arch, qr.device, t, n, k, tactic)
     key = (arch, tactic, hadamard, fp4_rounding, out_format, positions.dtype, n, k)
     kernel = _FUSED.get(key)
@@ -122,8 +119,18 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
         scale_words = q_scale.view(torch.int32)
     else:
         scale_words = torch.empty(1, 1, dtype=torch.int32, device=dev)
-    kernel(a_fp8, a_scale, weights.weight, weights.weight_scale, positions, cos_sin, q_words, scale_words)
+    kernel(*_operands(arch, a_fp8, a_scale, weights), positions, cos_sin, q_words, scale_words)
     return q, q_scale
+
+
+def _operands(arch, a_fp8, a_scale, weights) -> tuple:
+    """The GEMM operands in the layout each arch's kernel reads."""
+    if arch == "sm_100a":  # UE8M0 scale factors in tcgen05's atom layout (not run on hardware yet)
+        from .weights import sf_atom_layout
+
+        return (a_fp8, sf_atom_layout(a_scale, a_fp8.shape[0]), weights.weight,
+                weights.extras["sf_atoms"])
+    return a_fp8, a_scale, weights.weight, weights.weight_scale
 
 
 def compile_for_arch(arch: str, out_dir=None) -> list[dict]:

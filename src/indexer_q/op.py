@@ -25,17 +25,20 @@ def fused_indexer_q_op(
     out_format: str,
     tactic: str,
     checked: bool,
+    weight_sf_atoms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, q_scale); for out_format="fp8-unscaled" q_scale is an empty placeholder that
     the api turns into None. `tactic` is a Tactic as JSON, or "" for the default choice;
-    `checked` says the api already validated the call (False inside compiled graphs)."""
+    `checked` says the api already validated the call (False inside compiled graphs);
+    `weight_sf_atoms` is the sm_100a kernel's weight scale layout (IndexerQWeights.extras)."""
     from . import dispatch
     from .arch import detect_arch
     from .weights import IndexerQWeights
 
     weights = IndexerQWeights(weight=weight, weight_scale=weight_scale, n=weight.shape[0],
                               k=weight.shape[1], heads=weight.shape[0] // 128,
-                              arch=detect_arch(weight.device))
+                              arch=detect_arch(weight.device),
+                              extras={} if weight_sf_atoms is None else {"sf_atoms": weight_sf_atoms})
     if not checked:
         from .api import check_call
 
@@ -52,7 +55,8 @@ def fused_indexer_q_op(
 
 
 @fused_indexer_q_op.register_fake
-def _(qr, weight, weight_scale, positions, cos_sin, hadamard, fp4_rounding, out_format, tactic, checked):
+def _(qr, weight, weight_scale, positions, cos_sin, hadamard, fp4_rounding, out_format, tactic, checked,
+      weight_sf_atoms=None):
     q, q_scale = empty_outputs(qr.shape[0], weight.shape[0] // 128, out_format, qr.device)
     if q_scale is None:
         q_scale = qr.new_empty(0, dtype=torch.float32)

@@ -15,6 +15,33 @@ import torch
 LAYOUT_BUILDERS: Dict[str, Callable[[torch.Tensor, torch.Tensor], dict]] = {}
 
 
+def sf_atom_layout(scale_128: torch.Tensor, rows: int) -> torch.Tensor:
+    """UE8M0 bytes of 128-wide K-block scales, replicated per 32 K into tcgen05's 128x4
+    scale-factor atom layout, flat uint8: [rows/128][K/128][row % 32][(row // 32) % 4][4].
+
+    `scale_128`: float32 powers of two [R, K/128] with R = rows (one scale a row) or
+    R = rows / 128 (one per 128-row block, the weight's). Rows are padded to 128 (zeros)."""
+    from .reference import scale_to_ue8m0
+
+    e = scale_to_ue8m0(scale_128)
+    if e.shape[0] * 128 == rows:  # one scale per 128 rows: repeat it down its block
+        e = e.repeat_interleave(128, dim=0)
+    pad = (-e.shape[0]) % 128
+    if pad:
+        e = torch.cat([e, e.new_zeros(pad, e.shape[1])])
+    r, kb = e.shape
+    # [r/128, 4 (m1), 32 (m0), kb] -> [r/128, kb, m0, m1] and 4 copies along the atom's K
+    atoms = e.view(r // 128, 4, 32, kb).permute(0, 3, 2, 1)
+    return atoms.unsqueeze(-1).expand(-1, -1, -1, -1, 4).contiguous().view(-1)
+
+
+def _sm100_layouts(weight: torch.Tensor, weight_scale: torch.Tensor) -> dict:
+    return {"sf_atoms": sf_atom_layout(weight_scale, weight.shape[0])}
+
+
+LAYOUT_BUILDERS["sm_100a"] = _sm100_layouts
+
+
 def build_extras(arch: Optional[str], weight: torch.Tensor, weight_scale: torch.Tensor) -> dict:
     builder = LAYOUT_BUILDERS.get(arch) if arch is not None else None
     return dict(builder(weight, weight_scale)) if builder is not None else {}
