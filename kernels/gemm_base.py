@@ -74,6 +74,11 @@ class FusedIndexerQGemmBase:
             raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
         self.config = config
 
+    @staticmethod
+    def max_stages(config: GemmConfig) -> int:
+        """Pipeline stages that fit in shared memory beside what else the kernel keeps there."""
+        raise NotImplementedError
+
     @classmethod
     def config_problems(cls, config: GemmConfig) -> list[str]:
         out = []
@@ -81,6 +86,8 @@ class FusedIndexerQGemmBase:
             out.append(f"arch {config.arch} (this kernel is {cls.arch})")
         if config.kind not in cls.supported_kinds:
             out.append(f"kind {config.kind!r} not in {cls.supported_kinds}")
+        if config.stages and not 2 <= config.stages <= cls.max_stages(config):
+            out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out
 
     @classmethod

@@ -63,8 +63,6 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
             out.append("clusters are not implemented on sm_100a yet")
         if config.mma_per_promotion != 4:
             out.append("sm_100a applies the block scales in the MMA (no promotion knob)")
-        if config.stages and not 2 <= config.stages <= cls.max_stages(config):
-            out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out
 
     @staticmethod

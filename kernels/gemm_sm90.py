@@ -49,8 +49,6 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             out.append(f"mma_per_promotion={config.mma_per_promotion} (1, 2 or 4)")
         if config.cluster_m not in (1, 2) or config.cluster_n not in (1, 2):
             out.append(f"cluster {config.cluster_m}x{config.cluster_n} (each 1 or 2)")
-        if config.stages and not 2 <= config.stages <= cls.max_stages(config):
-            out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out
 
     @staticmethod

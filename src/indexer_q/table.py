@@ -111,6 +111,8 @@ def pick(table: dict, m: int, n: int, k: int):
 
 
 def _warn_once(key, message):
+    if key in _STATE["warned"]:  # the common case, every call after the first: no lock
+        return
     with _LOCK:
         if key in _STATE["warned"]:
             return
