@@ -55,7 +55,7 @@ class ActQuantFp8:
                 (w1 & Int32(-65536)).bitcast(Float32),
             ]
             amax = epi.absmax_over(vals, (0, 1, 2, 3), (1, 2, 4, 8, 16))
-            e = epi.ceil_log2_exact(amax / epi.FP8_MAX)
+            e = epi.ceil_log2_of_ratio(amax, epi.FP8_MAX)
             inv = epi.exp2_neg(e)
             lo = epi.cvt_e4m3x2(vals[0] * inv, vals[1] * inv)
             hi = epi.cvt_e4m3x2(vals[2] * inv, vals[3] * inv)

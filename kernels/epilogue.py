@@ -20,19 +20,10 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-HEAD_DIM = 128
-ROPE_DIMS = 64
-MXFP4_BLOCK = 32
-FP8_MAX = 448.0
-FP4_MAX = 6.0
-AMAX_FLOOR = 1e-4
-HADAMARD_SCALE = 128.0 ** -0.5  # rounded to fp32 once, as the reference does
-
-# Output formats; plain ints so they can be compile-time constants of a kernel.
-OUT_MXFP4 = 0
-OUT_FP8 = 1
-OUT_FP8_UNSCALED = 2
-OUT_FORMATS = {"mxfp4": OUT_MXFP4, "fp8": OUT_FP8, "fp8-unscaled": OUT_FP8_UNSCALED}
+from .numerics import (  # noqa: F401  (re-exported for the kernels)
+    AMAX_FLOOR, FP4_MAX, FP8_MAX, HADAMARD_SCALE, HEAD_DIM, MXFP4_BLOCK, OUT_FORMATS, OUT_FP8,
+    OUT_FP8_UNSCALED, OUT_MXFP4, ROPE_DIMS,
+)
 
 
 class HeadRowLayout:
@@ -183,13 +174,24 @@ def store_i32_if(ptr, value: Int32, pred) -> None:
     cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[ptr, Int32(value)], predicate=pred)
 
 
-def ceil_log2_exact(x: Float32) -> Int32:
-    """ceil(log2(x)) for a positive float, from its bits; capped at 128 so that an
-    Inf/NaN amax gives the UE8M0 byte 0xFF."""
-    bits = x.bitcast(Int32)
-    e = ((bits >> 23) & 0xFF) - 127
-    e = e + sel_i32((bits & 0x7FFFFF) != 0, 1, 0)
-    return sel_i32(e > 128, 128, e)
+def ceil_log2_of_ratio(amax: Float32, divisor: float) -> Int32:
+    """ceil(log2(fp32(amax / divisor))) for a positive normal amax and divisor = (1 + f) * 2^j
+    (6 and 448 here), without the division: it is the least k with amax <= divisor * 2^k,
+    because the float just above divisor * 2^k, divided by divisor, is more than half an
+    ulp above 2^k, so the division cannot round it down onto 2^k. So k is amax's exponent
+    - j, plus one when amax's mantissa exceeds f. Inf/NaN give 128 (UE8M0 byte 0xFF)."""
+    bits = amax.bitcast(Int32)
+    d_bits = _f32_bits(divisor)
+    j = (d_bits >> 23) - 127
+    carry = 0x800000 - (d_bits & 0x7FFFFF) - 1  # carries into the exponent iff mantissa > f
+    e = ((bits + carry) >> 23) - (127 + j)
+    return sel_i32(bits >= 0x7F800000, 128, e)
+
+
+def _f32_bits(x: float) -> int:
+    import struct
+
+    return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
 def exp2_neg(e: Int32) -> Float32:
@@ -197,26 +199,73 @@ def exp2_neg(e: Int32) -> Float32:
     return ((Int32(127) - e) << 23).bitcast(Float32)
 
 
-def e2m1_code(y: Float32, rne: bool) -> Int32:
-    """E2M1 nibble of y (magnitude code + sign bit 3), for y = (bf16 value) * 2^-e.
+@dsl_user_op
+def fma_abs_rn(v: Float32, scale: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
+    """|v| * scale + addend with a single rounding (to nearest even)."""
+    return _f32_asm("{ .reg .f32 t; abs.f32 t, $1; fma.rn.f32 $0, t, $2, $3; }", v, scale, addend,
+                    loc=loc, ip=ip)
 
-    The magnitude is rounded to one mantissa bit in the integer domain: adding
-    0x1FFFFF (plus the kept bit, for rne) below bit 22 rounds ties down (floor-ties)
-    or to even (rne), and the carry moves into the exponent, so
-    code = ((bits + bias) >> 22) - 252 for |y| in [1, 8), clamped to 7 (= 6.0).
-    Below 1 the E2M1 spacing is 0.5 as in [1, 2), so |y| + 1 takes the same path
-    (code - 2); that add is exact because y carries at most 8 significant bits."""
-    ybits = y.bitcast(Int32)
-    a = (ybits & 0x7FFFFFFF).bitcast(Float32)
-    small = a < 1.0
-    c = (a + sel_f32(small, 1.0, 0.0)).bitcast(Int32)
-    bias = Int32(0x1FFFFF)
-    if rne:
-        bias = bias + ((c >> 22) & 1)
-    code = ((c + bias) >> 22) - sel_i32(small, 254, 252)
-    code = cutlass.min(code, Int32(7))
-    # sign only for a non-zero code (no -0): bit 3 of code + 7 is set iff code >= 1
-    return code | ((ybits >> 28) & 8 & (code + 7))
+
+@dsl_user_op
+def prmt(a: Int32, b: Int32, selector: int, *, loc=None, ip=None) -> Int32:
+    """Byte permute: result byte i = byte (selector >> 4i) & 7 of the 8 bytes {b, a}."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
+            f"prmt.b32 $0, $1, $2, {selector:#x};",
+            "=r,r,r",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+def gather_byte(words: list, byte: int) -> Int32:
+    """Byte `byte` of each of 4 words, in order, as one word (3 byte permutes)."""
+    lo = prmt(words[0], words[1], byte | (byte + 4) << 4)
+    hi = prmt(words[2], words[3], (byte << 8) | (byte + 4) << 12)
+    return prmt(lo, hi, 0x7610)
+
+
+class E2M1Block:
+    """Per-block constants for E2M1 codes of y = q * 2^-e (SPEC step 5), |y| <= 6.
+
+    A code is |y| rounded to the E2M1 grid, whose spacing is 2^s with s = max(E, 0) - 1
+    (E = floor(log2|y|); 0.5 below 2, 1 in [2, 4), 2 in [4, 6]). Adding the magic number
+    M = (1.5 + d / 2^23) * 2^(23 + s), d = 2 * max(E, 0), in one fma rounds |y| to that
+    grid and leaves n + d in the low byte of the sum's bits, n = round(|y| / 2^s), and
+    n + d is the code. M comes from q's exponent field with integer ops. Rounding is to
+    nearest even, which is rne (ties at 0.75, 1.75, 3.5 go to the even code, the others
+    down); floor-ties scales |y| by (1 - 2^-20) first, which moves exact ties below the
+    midpoint and no other value across one (q has 8 significant bits).
+    tests/test_epilogue_model.py checks this against the reference over every bf16 q."""
+
+    def __init__(self, e: Int32, rne: bool):
+        self.ck = Int32(0x3F800000) + (e << 23)  # exponent field of 1.0 * 2^e
+        # M's bits = x + k2 + (x - ck) / 2^22 for x = max(exponent field of q, ck)
+        self.kk = Int32((22 << 23) + 0x400000) - (e << 23) - (self.ck >> 22)
+        scale = exp2_neg(e)
+        self.scale = scale if rne else scale * Float32(1.0 - 2.0 ** -20)
+
+    def code_bits(self, v: Float32) -> Int32:
+        """Bits whose low byte is the magnitude code of v (v bf16-valued)."""
+        x = cutlass.max(v.bitcast(Int32) & 0x7F800000, self.ck)
+        magic = x + (x >> 22) + self.kk
+        return fma_abs_rn(v, self.scale, magic.bitcast(Float32)).bitcast(Int32)
+
+
+def nibble_word(code_bits: list, vals: list) -> Int32:
+    """8 E2M1 nibbles -> one word (value i in bits 4i..4i+3): the low byte of code_bits[i],
+    plus the sign bit 3 when vals[i] < 0 and its code is non-zero (no -0). Byte permutes
+    gather 4 codes (or 4 sign bytes) at a time."""
+    mags = gather_byte(code_bits[0::2], 0) | (gather_byte(code_bits[1::2], 0) << 4)
+    even_signs = gather_byte([v.bitcast(Int32) for v in vals[0::2]], 3)  # bits 8j+7
+    odd_signs = gather_byte([v.bitcast(Int32) for v in vals[1::2]], 3)
+    signs = (odd_signs & -0x7F7F7F80) | ((even_signs >> 4) & 0x08080808)  # 0x80808080
+    nonzero = (mags + 0x77777777) & -0x77777778  # bit 4i+3 set iff nibble i != 0 (0x88888888)
+    return mags | (signs & nonzero)
 
 
 def lane_butterfly(v: Float32, lane_xor: int, sign: Float32) -> Float32:
@@ -294,25 +343,27 @@ def _block_groups(layout: HeadRowLayout) -> dict:
 
 
 def mxfp4_row(vals: list, layout: HeadRowLayout, lane_in_row, rne: bool):
-    """SPEC step 5 on one head row. Returns (packed, scale_word): packed[p] is the byte
-    of local pair (2p, 2p+1), whose column byte index is column(2p) / 2; scale_word holds
-    the four UE8M0 bytes, little-endian, in every lane of the row."""
-    nibbles = [Int32(0)] * layout.num_local
+    """SPEC step 5 on one head row. Returns (words, scale_word): words[w] holds the 8
+    nibbles of locals 8w..8w+7 (consecutive columns in every layout here), scale_word the
+    four UE8M0 bytes, little-endian, in every lane of the row."""
+    code_bits = [Int32(0)] * layout.num_local
     scale_word = Int32(0)
     lane_cols = layout.column_lane_bits(lane_in_row)
     for block_static, locals_ in _block_groups(layout).items():
         amax = absmax_over(vals, tuple(locals_), _lane_masks_below(layout, 5))
-        e = ceil_log2_exact(amax / FP4_MAX)
-        inv = exp2_neg(e)
+        e = ceil_log2_of_ratio(amax, FP4_MAX)
+        blk = E2M1Block(e, rne)
         for l in locals_:
-            nibbles[l] = e2m1_code(vals[l] * inv, rne)
+            code_bits[l] = blk.code_bits(vals[l])
         block = (lane_cols + block_static) >> 5
         scale_word = scale_word | (((e + 127) & 0xFF) << (block * 8))
     for b in range(5, 7):  # gather the bytes of blocks held by other lanes of the row
         if layout.lane_mask(b):
             scale_word = scale_word | cute.arch.shuffle_sync_bfly(scale_word, offset=layout.lane_mask(b))
-    packed = [nibbles[2 * p] | (nibbles[2 * p + 1] << 4) for p in range(layout.num_local // 2)]
-    return packed, scale_word
+    assert all(layout.column_static(8 * w + i) == layout.column_static(8 * w) + i
+               for w in range(layout.num_local // 8) for i in range(8))
+    words = [nibble_word(code_bits[8 * w:8 * w + 8], vals[8 * w:8 * w + 8]) for w in range(layout.num_local // 8)]
+    return words, scale_word
 
 
 def fp8_row(vals: list, layout: HeadRowLayout, scaled: bool):
@@ -323,7 +374,7 @@ def fp8_row(vals: list, layout: HeadRowLayout, scaled: bool):
     if (scaled):
         all_locals = tuple(range(layout.num_local))
         amax = absmax_over(vals, all_locals, _lane_masks_below(layout, 7))
-        e = ceil_log2_exact(amax / FP8_MAX)
+        e = ceil_log2_of_ratio(amax, FP8_MAX)
         inv = exp2_neg(e)
     pairs = [
         cvt_e4m3x2(vals[2 * p] * inv, vals[2 * p + 1] * inv) for p in range(layout.num_local // 2)
@@ -357,15 +408,14 @@ def load_cos_sin(layout: HeadRowLayout, row, m, num_pos, positions, cos_sin, lan
 def store_row(layout: HeadRowLayout, out_format_id: int, row, m, head, lane_in_row, lane_cols,
               packed, scale_word, out_q, out_scale):
     """Word stores of one head row, predicated on row < M. out_q is viewed as int32 words;
-    4 consecutive packed bytes (or 2 e4m3 pairs) make one word."""
+    `packed` is mxfp4_row's words, or fp8_row's e4m3 pairs (two make a word)."""
     ok = row < m
     safe_row = cutlass.min(row, m - 1)
     if out_format_id == OUT_MXFP4:
         base = head * (HEAD_DIM // 2) + (lane_cols >> 1)
-        for p in range(0, len(packed), 4):
-            word = packed[p] | (packed[p + 1] << 8) | (packed[p + 2] << 16) | (packed[p + 3] << 24)
-            col = (base + layout.column_static(2 * p) // 2) >> 2
-            store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), word, ok)
+        for w in range(len(packed)):  # words of 8 nibbles
+            col = (base + layout.column_static(8 * w) // 2) >> 2
+            store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), packed[w], ok)
     else:
         base = head * HEAD_DIM + lane_cols
         for p in range(0, len(packed), 2):

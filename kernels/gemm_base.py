@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .epilogue import HEAD_DIM, OUT_FORMATS
+from .numerics import HEAD_DIM, OUT_FORMATS  # no DSL import: GemmConfig is a cache key
 
 SCALE_BLOCK_K = 128  # the SPEC's activation (1x128) and weight (128x128) scale blocks
 
@@ -29,8 +29,9 @@ class GemmConfig:
     fp4_rounding: str = "floor-ties"
     out_format: str = "mxfp4"
     positions_dtype: str = "int64"
-    # False builds a mainloop-only variant that writes nothing: a profiling probe that
-    # measures what the epilogue costs. Never chosen by the tuner.
+    # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
+    # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
+    # epilogue costs. Never chosen by the tuner.
     epilogue: bool = True
 
     @property

@@ -299,11 +299,10 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                 )
         elif warpgroup == self.epi_wg:
             cute.arch.setmaxregister_decrease(self.epilogue_regs)
-            if cutlass.const_expr(self.config.epilogue):
-                self._epilogue(
-                    epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
-                    positions, cos_sin, out_q, out_scale, a_scale.shape[0],
-                )
+            self._epilogue(
+                epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
+                positions, cos_sin, out_q, out_scale, a_scale.shape[0],
+            )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self._consumer(
@@ -411,16 +410,15 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                             acc[i] = acc[i] + partial[i] * s1
                 read_state.advance()
 
-            if cutlass.const_expr(self.config.epilogue):
-                # Hand the tile to the epilogue warpgroup as bf16 (SPEC step 2's rounding).
-                epi_pipeline.producer_acquire(epi_state)
-                for h in cutlass.range_constexpr(2):
-                    r = row_in_tile + 8 * h
-                    for j in cutlass.range_constexpr(16):
-                        word = epi.bf16x2_word(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1])
-                        sQ[epi_state.index, r, self._swizzled_word(r, j * 4 + quad_lane)] = word
-                epi_pipeline.producer_commit(epi_state)
-                epi_state.advance()
+            # Hand the tile to the epilogue warpgroup as bf16 (SPEC step 2's rounding).
+            epi_pipeline.producer_acquire(epi_state)
+            for h in cutlass.range_constexpr(2):
+                r = row_in_tile + 8 * h
+                for j in cutlass.range_constexpr(16):
+                    word = epi.bf16x2_word(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1])
+                    sQ[epi_state.index, r, self._swizzled_word(r, j * 4 + quad_lane)] = word
+            epi_pipeline.producer_commit(epi_state)
+            epi_state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
 
@@ -454,9 +452,10 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             # Everything below is one basic block (stores are predicated), and the cos/sin
             # rows are requested before the tile is ready, so their latency overlaps the wait.
             cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
-                  for p in range(min(2, passes))]
+                  for p in range(min(2, passes) if self.config.epilogue else 0)]
             epi_pipeline.consumer_wait(epi_state)
-            for p in cutlass.range_constexpr(passes):
+            # The profiling probe (epilogue=False) only takes the tile and gives the buffer back.
+            for p in cutlass.range_constexpr(passes if self.config.epilogue else 0):
                 if cutlass.const_expr(p + 2 < passes):
                     cs.append(epi.load_cos_sin(layout, rows[p + 2], m, num_pos, positions, cos_sin, lane_cols))
                 r = p * EPI_ROWS_PER_PASS + row_in_pass

@@ -10,7 +10,7 @@ import indexer_q.op  # noqa: F401  (registers torch.ops.indexer_q.fused_indexer_
 
 def _fake_inputs(t=5, n=1024, k=1536):
     return (torch.empty(t, k, dtype=torch.bfloat16, device="cuda"),
-            torch.empty(n, k, dtype=torch.float8_e4m3fn, device="cuda"),
+            torch.empty(n, k, dtype=torch.uint8, device="cuda"),  # the fp8 weight's bytes
             torch.empty(n // 128, k // 128, dtype=torch.float32, device="cuda"),
             torch.empty(t, dtype=torch.int64, device="cuda"),
             torch.empty(100, 64, dtype=torch.float32, device="cuda"))

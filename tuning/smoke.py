@@ -1,5 +1,6 @@
-"""One fused call at a given shape and tactic, synchronously; for hang/fault triage:
-`timeout 60 python -m tuning.smoke M N K [field=value,...]`."""
+"""Fused calls at given shapes and tactics, synchronously, in one process; for hang/fault
+triage and compute-sanitizer: `python -m tuning.smoke M N K [field=value,...]` or
+`python -m tuning.smoke --cases M:N:K[:field=value,...] ...`."""
 import dataclasses
 import sys
 import time
@@ -11,12 +12,25 @@ from indexer_q.tactics import heuristic
 from indexer_q.testing import make_inputs
 from tuning.bench import parse_fields
 
-m, n, k = (int(v) for v in sys.argv[1:4])
-fields = parse_fields(sys.argv[4]) if len(sys.argv) > 4 else {}
-x = make_inputs(m, n, k, seed=0, device="cuda")
-w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
-tactic = dataclasses.replace(heuristic("sm_90a", m, n, k), **fields)
-t0 = time.time()
-q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True, tactic=tactic)
-torch.cuda.synchronize()
-print(f"ok M={m} N={n} K={k} {fields} {time.time() - t0:.1f}s", flush=True)
+
+def run_case(m: int, n: int, k: int, fields: dict) -> None:
+    x = make_inputs(m, n, k, seed=0, device="cuda")
+    w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
+    tactic = dataclasses.replace(heuristic("sm_90a", m, n, k), **fields)
+    t0 = time.time()
+    q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True, tactic=tactic)
+    torch.cuda.synchronize()
+    print(f"ok M={m} N={n} K={k} {fields} {time.time() - t0:.1f}s", flush=True)
+
+
+def main(argv):
+    if argv and argv[0] == "--cases":
+        for case in argv[1:]:
+            parts = case.split(":")
+            run_case(*(int(v) for v in parts[:3]), parse_fields(parts[3]) if len(parts) > 3 else {})
+    else:
+        run_case(*(int(v) for v in argv[:3]), parse_fields(argv[3]) if len(argv) > 3 else {})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -56,12 +56,18 @@ def choose(timings: dict, default) -> object:
     return best
 
 
-def profile(m, n, k, arch, log) -> tuple:
+CHECK_M = 1000  # rows per correctness check: partial tiles for both tile sizes
+
+
+def profile(m, n, k, arch, log, checked: dict) -> tuple:
+    """Time every valid tactic at M; each is checked against the reference (once per
+    table, at CHECK_M tokens, before its first timing) and dropped if it disagrees."""
     timings = {}
     for tactic in valid_tactics(arch, m, n, k):
-        agree = check(tactic, m, n, k) if m * n >= 1 << 16 else 1.0  # tiny M: too few codes to score
-        if agree < MIN_CODES_EQUAL:
-            log(f"  M={m} {tactic}: REJECTED, {agree:.5f} codes equal")
+        if tactic not in checked:
+            checked[tactic] = check(tactic, CHECK_M, n, k)
+        if checked[tactic] < MIN_CODES_EQUAL:
+            log(f"  {tactic}: REJECTED, {checked[tactic]:.5f} codes equal")
             continue
         timings[tactic] = time_tactic(tactic, m, n, k)
     winner = choose(timings, heuristic(arch, m, n, k))
@@ -72,13 +78,14 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     k = MODELS[model]
     n = 8192 // tp
     results = {}
+    checked: dict = {}
     todo = list(buckets)
     done = 0
     while todo:
         m = todo.pop(0)
         done += 1
         sys.stderr.write(f"\r[tune {model} tp{tp}] M={m:<6} ({done} profiled, {len(todo)} queued)   ")
-        results[m] = profile(m, n, k, arch, log)
+        results[m] = profile(m, n, k, arch, log, checked)
         ms = sorted(results)
         for a, b in zip(ms, ms[1:]):  # refine where the winner changes
             mid = (a + b) // 2
@@ -86,7 +93,8 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
                 todo.append(mid)
     sys.stderr.write("\n")
     entries = [{"n": n, "k": k, "m_max": m, "tactic": results[m][0]} for m in sorted(results)]
-    meta = table.metadata() | {"model": model, "tp": tp,
+    meta = table.metadata() | {"model": model, "tp": tp, "checked_at_m": CHECK_M,
+                               "codes_equal": {str(t.as_dict()): round(a, 6) for t, a in checked.items()},
                                "timings_us": {str(m): {str(t.as_dict()): round(us, 3) for t, us in tt.items()}
                                               for m, (_, tt) in results.items()}}
     path = Path(out) if out else TABLES / f"{meta['gpu'].replace(' ', '_')}_{model}_tp{tp}.json"

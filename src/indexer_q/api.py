@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from . import validate as V
+from . import op  # noqa: F401  (registers torch.ops.indexer_q.fused_indexer_q for torch.compile)
 from .arch import check_arch, detect_arch
 from .weights import IndexerQWeights, build_extras
 
@@ -42,21 +43,25 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
     indexer_q.dispatch.KernelUnavailableError when no kernel is built for this
     arch/format; it never falls back to the reference."""
     from . import dispatch
-    from . import op  # registers torch.ops.indexer_q.fused_indexer_q  # noqa: F401
 
-    # Eager: everything is checked here, before the op. While torch.compile traces,
-    # pointers and the device cannot be read, so the op checks the same when it runs.
-    checked = not torch.compiler.is_compiling()
-    if checked:
-        t = check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format)
-        if t == 0:
-            from .reference import empty_outputs
+    if torch.compiler.is_compiling():
+        # Traced: through the custom op, whose fake impl gives torch.compile the output
+        # shapes. Pointers and the device cannot be read while tracing, so the op checks
+        # the call when it runs (checked=False).
+        q, q_scale = torch.ops.indexer_q.fused_indexer_q(
+            qr, weights.weight.view(torch.uint8), weights.weight_scale, positions, cos_sin, hadamard,
+            fp4_rounding, out_format, dispatch.tactic_json(tactic), False, weights.extras.get("sf_atoms"))
+        return q, (None if out_format == "fp8-unscaled" else q_scale)
+    # Eager (and CUDA graph capture): checked here, then launched directly. The custom
+    # op's dispatch would add host time per call, and its first call imports torch's
+    # compiler stack (seconds), which an eager caller never needs.
+    t = check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format)
+    if t == 0:
+        from .reference import empty_outputs
 
-            return empty_outputs(0, weights.heads, out_format, qr.device)
-    q, q_scale = torch.ops.indexer_q.fused_indexer_q(
-        qr, weights.weight, weights.weight_scale, positions, cos_sin, hadamard, fp4_rounding,
-        out_format, dispatch.tactic_json(tactic), checked, weights.extras.get("sf_atoms"))
-    return q, (None if out_format == "fp8-unscaled" else q_scale)
+        return empty_outputs(0, weights.heads, out_format, qr.device)
+    return dispatch.run_fused(qr, weights, positions, cos_sin, hadamard=hadamard, fp4_rounding=fp4_rounding,
+                              out_format=out_format, tactic=tactic, verified_only=False)
 
 
 def check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format) -> int:

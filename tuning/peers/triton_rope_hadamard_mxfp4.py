@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-HADAMARD_SCALE = 128.0 ** -0.5
+HADAMARD_SCALE = tl.constexpr(128.0 ** -0.5)  # a global a jitted function may read
 
 
 @triton.jit

@@ -1,0 +1,17 @@
+"""The SPEC's numeric constants as plain Python, importable without CuTe DSL (the host's
+compile keys and cache lookups use them; a process that loads kernels from the disk cache
+never imports the DSL)."""
+
+HEAD_DIM = 128
+ROPE_DIMS = 64
+MXFP4_BLOCK = 32
+FP8_MAX = 448.0
+FP4_MAX = 6.0
+AMAX_FLOOR = 1e-4
+HADAMARD_SCALE = 128.0 ** -0.5  # rounded to fp32 once, as the reference does
+
+# Output formats; plain ints so they can be compile-time constants of a kernel.
+OUT_MXFP4 = 0
+OUT_FP8 = 1
+OUT_FP8_UNSCALED = 2
+OUT_FORMATS = {"mxfp4": OUT_MXFP4, "fp8": OUT_FP8, "fp8-unscaled": OUT_FP8_UNSCALED}
