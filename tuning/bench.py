@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 import indexer_q
+from indexer_q import table
 from indexer_q import reference as ref
 from indexer_q.testing import make_inputs
 
@@ -175,7 +176,22 @@ def environment() -> dict:
         "cutlass_dsl": md.version("nvidia-cutlass-dsl") if _has("nvidia-cutlass-dsl") else "kit",
         "triton": _triton_version(),
         "indexer_q": indexer_q.__version__,
+        "commit": _git_commit(),
+        "tactic_table": str(table.table_path() or "none (heuristic)"),
     }
+
+
+def _git_commit() -> str:
+    import os
+    import subprocess
+
+    if os.environ.get("INDEXER_Q_COMMIT"):  # set by whoever runs a copy without .git
+        return os.environ["INDEXER_Q_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def _has(pkg):

@@ -56,6 +56,19 @@ def choose(timings: dict, default) -> object:
     return best
 
 
+MAX_REFINE = 6  # extra M points where winners change
+NOISE = 0.03  # timing differences below this are noise (two runs agree to ~1-2%)
+
+
+def _clear_change(ra, rb) -> bool:
+    """The winners at two neighbouring M differ, and each loses by more than NOISE at the
+    other's M (otherwise the change is noise and a midpoint would not be informative)."""
+    (wa, ta), (wb, tb) = ra, rb
+    if wa == wb or wb not in ta or wa not in tb:
+        return False
+    return ta[wb] > ta[wa] * (1 + NOISE) and tb[wa] > tb[wb] * (1 + NOISE)
+
+
 CHECK_M = 1000  # rows per correctness check: partial tiles for both tile sizes
 
 
@@ -79,6 +92,7 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     n = 8192 // tp
     results = {}
     checked: dict = {}
+    refined = 0
     todo = list(buckets)
     done = 0
     while todo:
@@ -87,10 +101,12 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
         sys.stderr.write(f"\r[tune {model} tp{tp}] M={m:<6} ({done} profiled, {len(todo)} queued)   ")
         results[m] = profile(m, n, k, arch, log, checked)
         ms = sorted(results)
-        for a, b in zip(ms, ms[1:]):  # refine where the winner changes
+        for a, b in zip(ms, ms[1:]):  # refine where the winner changes by more than noise
             mid = (a + b) // 2
-            if results[a][0] != results[b][0] and mid not in results and mid not in todo and a < mid < b:
+            if (refined < MAX_REFINE and _clear_change(results[a], results[b]) and mid not in results
+                    and mid not in todo and a < mid < b):
                 todo.append(mid)
+                refined += 1
     sys.stderr.write("\n")
     entries = [{"n": n, "k": k, "m_max": m, "tactic": results[m][0]} for m in sorted(results)]
     meta = table.metadata() | {"model": model, "tp": tp, "checked_at_m": CHECK_M,

@@ -86,10 +86,15 @@ def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
     return out
 
 
+SM90_SMS = 132  # H100 / H200 SXM; the heuristic only needs the order of magnitude
+
+
 def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
-    """The default without a tuned table. sm_90a: one consumer warpgroup (64-row tiles)
-    while 128-row tiles would leave most of the chip idle, two otherwise (measured on the
-    H200: clusters and finer promotion did not pay at any M). sm_100a: its one tile."""
+    """The default without a tuned table. sm_90a: 64-row tiles (one consumer warpgroup)
+    while 128-row tiles would fill at most half the SMs, 128-row tiles otherwise. That is
+    where the H200 tables change (tuning/tables: V4-Pro N = 8192 up to M = 128, N = 1024
+    up to M = 1024); clusters win there by a few percent at most. sm_100a: its one tile."""
     if arch == "sm_100a":
         return Tactic(tile_m=128)
-    return Tactic(tile_m=64 if m <= 64 else 128)
+    tiles_of_128 = -(-m // 128) * (n // 128)
+    return Tactic(tile_m=64 if tiles_of_128 <= SM90_SMS // 2 else 128)
