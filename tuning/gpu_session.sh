@@ -29,6 +29,8 @@ if [ -z "$quick" ]; then
   step bench 590 python3 -m tuning.bench --out "$out/bench"
   step tune_pro_tp1 590 python3 -m tuning.tune --model v4-pro --tp 1 --out "$out/H200_v4-pro_tp1.json"
   step tune_pro_tp8 590 python3 -m tuning.tune --model v4-pro --tp 8 --out "$out/H200_v4-pro_tp8.json"
+  step tune_flash_tp1 590 python3 -m tuning.tune --model v4-flash --tp 1 --out "$out/H200_v4-flash_tp1.json"
+  step tune_flash_tp8 590 python3 -m tuning.tune --model v4-flash --tp 8 --out "$out/H200_v4-flash_tp8.json"
 else
   step bench 590 python3 -m tuning.bench --quick --out-format mxfp4 fp8 fp8-unscaled --shapes v4-pro --out "$out/bench"
 fi
