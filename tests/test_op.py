@@ -23,7 +23,7 @@ def _fake_inputs(t=5, n=1024, k=1536):
 ])
 def test_fake_impl_shapes(out_format, q_shape, q_dtype, s_shape, s_dtype):
     with FakeTensorMode():
-        q, s = torch.ops.indexer_q.fused_indexer_q(*_fake_inputs(), True, "rne", out_format, "", True)
+        q, s = torch.ops.indexer_q.fused_indexer_q(*_fake_inputs(), True, "rne", out_format, "", "sm_90a")
     assert (tuple(q.shape), q.dtype, q.device.type) == (q_shape, q_dtype, "cuda")
     assert (tuple(s.shape), s.dtype) == (s_shape, s_dtype)
 
@@ -32,7 +32,7 @@ def test_traces_into_one_graph_node():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def f(qr, w, s, p, cs):
-        return torch.ops.indexer_q.fused_indexer_q(qr, w, s, p, cs, False, "floor-ties", "mxfp4", "", True)
+        return torch.ops.indexer_q.fused_indexer_q(qr, w, s, p, cs, False, "floor-ties", "mxfp4", "", "sm_90a")
 
     with FakeTensorMode():
         args = _fake_inputs()

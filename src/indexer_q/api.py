@@ -44,13 +44,17 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
     arch/format; it never falls back to the reference."""
     from . import dispatch
 
+    if tactic is not None and not _tactic_field(tactic, "epilogue", True):
+        V.fail("tactic", "a tactic that writes the outputs (epilogue=False is a profiling probe: "
+                         "tuning.bench runs it through indexer_q.dispatch.run_fused)", tactic)
     if torch.compiler.is_compiling():
         # Traced: through the custom op, whose fake impl gives torch.compile the output
         # shapes. Pointers and the device cannot be read while tracing, so the op checks
-        # the call when it runs (checked=False).
+        # the call when it runs.
         q, q_scale = torch.ops.indexer_q.fused_indexer_q(
             qr, weights.weight.view(torch.uint8), weights.weight_scale, positions, cos_sin, hadamard,
-            fp4_rounding, out_format, dispatch.tactic_json(tactic), False, weights.extras.get("sf_atoms"))
+            fp4_rounding, out_format, dispatch.tactic_json(tactic), weights.arch or "",
+            weights.extras.get("sf_atoms"))
         return q, (None if out_format == "fp8-unscaled" else q_scale)
     # Eager (and CUDA graph capture): checked here, then launched directly. The custom
     # op's dispatch would add host time per call, and its first call imports torch's
@@ -62,6 +66,10 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
         return empty_outputs(0, weights.heads, out_format, qr.device)
     return dispatch.run_fused(qr, weights, positions, cos_sin, hadamard=hadamard, fp4_rounding=fp4_rounding,
                               out_format=out_format, tactic=tactic, verified_only=False)
+
+
+def _tactic_field(tactic, name, default):
+    return tactic.get(name, default) if isinstance(tactic, dict) else getattr(tactic, name, default)
 
 
 def check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format) -> int:

@@ -28,13 +28,26 @@ _FUSED: dict = {}
 
 
 def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
-    """An explicit tactic (Tactic or dict), else the tuned table's, else the heuristic."""
+    """An explicit tactic (Tactic or dict), else the tuned table's, else the heuristic.
+    Explicit tactics that cannot run at this N raise InvalidInputError; a table's such
+    entry is skipped with a warning (the kernel's own limits are checked when it is
+    built, see jit.compile_fused)."""
     from . import table
     from .tactics import Tactic, heuristic
+    from .validate import fail
 
     if tactic is not None:
-        return tactic if isinstance(tactic, Tactic) else Tactic.from_dict(dict(tactic))
-    return table.lookup(m, n, k, device) or heuristic(arch, m, n, k)
+        tactic = tactic if isinstance(tactic, Tactic) else Tactic.from_dict(dict(tactic))
+        problems = tactic.problems(n)
+        if problems:
+            fail("tactic", f"a tactic that can run at N = {n}", "; ".join(problems))
+        return tactic
+    tuned = table.lookup(m, n, k, device)
+    if tuned is not None and tuned.problems(n):
+        table.warn_once(("bad entry", n, k, tuned), f"indexer_q: tactic table entry {tuned} cannot run at "
+                        f"N = {n} ({'; '.join(tuned.problems(n))}); using the heuristic tactic")
+        tuned = None
+    return tuned or heuristic(arch, m, n, k)
 
 
 _ACT_QUANT: dict = {}  # device -> compiled activation quantizer

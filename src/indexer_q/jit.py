@@ -15,6 +15,7 @@ INDEXER_Q_DISK_CACHE=0 turns the disk cache off.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import tempfile
@@ -23,8 +24,13 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # guards _MEMORY
+# Held across a build: two threads that miss at once compile one after the other (the
+# second then finds the first's result), and CuTe DSL's compiler never runs concurrently.
+_BUILD_LOCK = threading.RLock()
 _MEMORY: dict = {}
+# Bump when what this module passes to the compiler changes (options, fake tensors).
+JIT_FORMAT = 2
 
 # Max CTAs resident at once; cross-compiling cannot ask a GPU, so it is part of the key.
 H200_SMS = 132
@@ -66,16 +72,18 @@ def _disk_enabled() -> bool:
     return os.environ.get("INDEXER_Q_DISK_CACHE", "1") != "0"
 
 
+@functools.lru_cache(maxsize=None)
 def _versions() -> str:
+    """Versions of everything a cached binary depends on: the DSL and its runtime
+    libraries (every nvidia-cutlass-dsl* distribution) and TVM-FFI."""
     import importlib.metadata as md
 
     out = []
-    for pkg in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
-        try:
-            out.append(f"{pkg}={md.version(pkg)}")
-        except md.PackageNotFoundError:
-            out.append(f"{pkg}=?")
-    return ";".join(out)
+    for dist in md.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("nvidia-cutlass-dsl") or name == "apache-tvm-ffi":
+            out.append(f"{name}={dist.version}")
+    return ";".join(sorted(out)) or "kit"
 
 
 def disk_key(key) -> str:
@@ -84,7 +92,7 @@ def disk_key(key) -> str:
     from . import __version__
     from .table import kernel_fingerprint
 
-    text = f"{kernel_fingerprint()}|{__version__}|{_versions()}|{key!r}"
+    text = f"{kernel_fingerprint()}|{__version__}|{JIT_FORMAT}|{H200_SMS}|{_versions()}|{key!r}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -124,23 +132,32 @@ def _cached(key, keep_dir, build) -> CompiledKernel:
         hit = _MEMORY.get(key)
     if hit is not None and keep_dir is None:
         return hit
-    if keep_dir is not None or not _disk_enabled():
-        ck = build()
-    else:
-        ck = _through_disk(key, build)
-    if keep_dir is not None:
-        return ck
-    with _LOCK:
-        return _MEMORY.setdefault(key, ck)
+    with _BUILD_LOCK:
+        with _LOCK:
+            hit = _MEMORY.get(key)
+        if hit is not None and keep_dir is None:
+            return hit
+        if keep_dir is not None or not _disk_enabled():
+            ck = build()
+        else:
+            ck = _through_disk(key, build)
+        if keep_dir is not None:
+            return ck
+        with _LOCK:
+            return _MEMORY.setdefault(key, ck)
 
 
 def _through_disk(key, build) -> CompiledKernel:
     digest = disk_key(key)
     symbol = f"indexer_q_{digest}"
-    directory = _disk_dir()
+    try:
+        directory = _disk_dir()
+        lock = open(directory / f"{digest}.lock", "w")
+    except OSError as exc:  # a read-only or missing cache home: work on, uncached
+        warnings.warn(f"indexer_q: kernel cache directory unusable ({exc}); compiling without it")
+        return build()
     path = directory / f"{digest}.so"
-    lock_path = directory / f"{digest}.lock"
-    with open(lock_path, "w") as lock:
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds, the others wait and load
         if path.exists():
             try:
@@ -195,7 +212,13 @@ def compile_fused(config, n: int, k: int, *, keep_dir: str | None = None) -> Com
         raise NotImplementedError(f"no fused kernel for {config.arch} yet")
 
     def build():  # the kernel module (and CuTe DSL) is imported only to compile
+        from .validate import fail
+
         cls = kernel_class(config.arch)
+        problems = cls.config_problems(config) + config.problems(n, k)
+        if problems:  # before any compile or launch; a disk entry exists only past this
+            fail("tactic", f"a configuration the {config.arch} kernel can run at N = {n}, K = {k}",
+                 "; ".join(problems))
         return _compile("fused_indexer_q", config.arch, cls(config), cls(config).compile_args(n, k, H200_SMS),
                         keep_dir)
 

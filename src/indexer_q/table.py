@@ -110,7 +110,7 @@ def pick(table: dict, m: int, n: int, k: int):
     return rows[-1]["tactic"]
 
 
-def _warn_once(key, message):
+def warn_once(key, message):
     if key in _STATE["warned"]:  # the common case, every call after the first: no lock
         return
     with _LOCK:
@@ -127,12 +127,19 @@ def _usable_table(path, device):
     with _LOCK:
         if key in _STATE["resolved"]:
             return _STATE["resolved"][key]
-    table = load_table(path)
+    try:
+        table = load_table(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # missing, not JSON, bad entries
+        warn_once(("unreadable", str(path)), f"indexer_q: tactic table {path} cannot be used ({exc}); "
+                  "using the heuristic tactic")
+        with _LOCK:
+            _STATE["resolved"][key] = None
+        return None
     here = metadata(device)
     stale = [f for f in MATCHED_FIELDS if table["metadata"].get(f) != here[f]]
     if stale:
         diffs = ", ".join(f"{f}: {table['metadata'].get(f)} != {here[f]}" for f in stale)
-        _warn_once(("stale", str(path)), f"indexer_q: tactic table {path} was made for another "
+        warn_once(("stale", str(path)), f"indexer_q: tactic table {path} was made for another "
                    f"setup ({diffs}); using the heuristic tactic")
         table = None
     with _LOCK:
@@ -144,7 +151,7 @@ def lookup(m: int, n: int, k: int, device=None):
     """The tuned tactic for this call, or None (then the caller uses the heuristic)."""
     path = table_path()
     if path is None:
-        _warn_once(("none",), "indexer_q: no tactic table is set (INDEXER_Q_TACTIC_TABLE or "
+        warn_once(("none",), "indexer_q: no tactic table is set (INDEXER_Q_TACTIC_TABLE or "
                    "indexer_q.set_tactic_table); using the heuristic tactic")
         return None
     table = _usable_table(path, device)
@@ -152,7 +159,7 @@ def lookup(m: int, n: int, k: int, device=None):
         return None
     tactic = pick(table, m, n, k)
     if tactic is None:
-        _warn_once(("shape", str(path), n, k), f"indexer_q: tactic table {path} has no entry for "
+        warn_once(("shape", str(path), n, k), f"indexer_q: tactic table {path} has no entry for "
                    f"N={n}, K={k}; using the heuristic tactic")
     return tactic
 

@@ -33,6 +33,33 @@ class Tactic:
     # measures the epilogue's cost); never among valid_tactics.
     epilogue: bool = True
 
+    def __post_init__(self):
+        from .validate import fail
+
+        if self.kind not in ("native", "swap_ab"):
+            fail("tactic.kind", '"native" or "swap_ab"', repr(self.kind))
+        for name in ("tile_m", "stages", "cluster_m", "cluster_n", "swizzle", "mma_per_promotion", "split_k"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                fail(f"tactic.{name}", "an int", repr(value))
+        for name in ("raster_along_m", "epilogue"):
+            if type(getattr(self, name)) is not bool:
+                fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
+        for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
+                          ("mma_per_promotion", 1), ("split_k", 1)):
+            if getattr(self, name) < low:
+                fail(f"tactic.{name}", f">= {low}", getattr(self, name))
+
+    def problems(self, n: int) -> list[str]:
+        """What this tactic cannot do for N (heads) beyond what a kernel's can_implement
+        says: a tile-scheduler swizzle along N rounds the number of head clusters up to
+        a multiple of it, and the padded tiles would write past the last head."""
+        head_clusters = (n // 128) // self.cluster_n
+        if self.swizzle > 1 and self.raster_along_m and head_clusters % self.swizzle:
+            return [f"swizzle={self.swizzle} along N needs the head clusters ({head_clusters}) "
+                    "to be a multiple of it"]
+        return []
+
     def to_config(self, arch: str, *, hadamard: bool, fp4_rounding: str, out_format: str,
                   positions_dtype: str):
         """The kernel's compile key: this tactic plus the call's numerics."""
@@ -81,7 +108,7 @@ def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
     probe = dict(hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4", positions_dtype="int64")
     out = [heuristic(arch, m, n, k)]
     for t in _candidates():
-        if t not in out and cls.can_implement(t.to_config(arch, **probe), n, k):
+        if t not in out and not t.problems(n) and cls.can_implement(t.to_config(arch, **probe), n, k):
             out.append(t)
     return out
 

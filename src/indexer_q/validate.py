@@ -137,8 +137,26 @@ def check_weight_scale(weight_scale, n: int, k: int, name: str = "weight_scale",
     if list(weight_scale.shape) != want:
         fail(name, f"shape {want} (= [N/128, K/128] for weight [{n}, {k}])",
              f"shape {list(weight_scale.shape)}")
+    check_contiguous(name, weight_scale)
     if values:
         check_power_of_two_scales(name, weight_scale)
+
+
+# The kernels index their tensors with 32-bit offsets (M and P are run-time values).
+MAX_INDEX = 2**31 - 1
+
+
+def check_index_range(t: int, n: int, k: int, p: int, out_format: str) -> None:
+    """Sizes whose element offsets a 32-bit index still reaches: T rows of the widest
+    tensor a kernel walks (q as 32-bit words, qr as words, positions), and P rows of
+    cos_sin."""
+    q_words = n // 8 if out_format == "mxfp4" else n // 4
+    widest = max(q_words, k // 2, 1)
+    if t * widest > MAX_INDEX:
+        fail("qr", f"at most {MAX_INDEX // widest} tokens per call for N = {n}, K = {k}, "
+                   f"out_format={out_format!r} (32-bit offsets); split the call", f"T = {t}")
+    if p * ROPE_WIDTH > MAX_INDEX:
+        fail("cos_sin", f"at most {MAX_INDEX // ROPE_WIDTH} rows (32-bit offsets)", f"P = {p}")
 
 
 def check_positions(positions, t: int, name: str = "positions") -> None:
@@ -249,4 +267,8 @@ def check_kernel_inputs(qr, weights, positions, cos_sin, *, hadamard, fp4_roundi
                     ("weights.weight_scale", weights.weight_scale),
                     ("positions", positions), ("cos_sin", cos_sin)):
         check_aligned(name, x)
+    if (weights.n, weights.k, weights.heads) != (prob.n, prob.k, prob.n // HEAD_DIM):
+        fail("weights", f"n, k, heads = {prob.n}, {prob.k}, {prob.n // HEAD_DIM} (from weights.weight)",
+             f"{weights.n}, {weights.k}, {weights.heads}")
+    check_index_range(prob.t, prob.n, prob.k, prob.p, out_format)
     return prob
