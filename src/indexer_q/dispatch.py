@@ -29,9 +29,9 @@ _FUSED: dict = {}
 
 def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
     """An explicit tactic (Tactic or dict), else the tuned table's, else the heuristic.
-    Explicit tactics that cannot run at this N raise InvalidInputError; a table's such
-    entry is skipped with a warning (the kernel's own limits are checked when it is
-    built, see jit.compile_fused)."""
+    Explicit tactics that cannot run at this N raise InvalidInputError (a table's such
+    entries are dropped when the table is read, see table._usable_table; the kernel's own
+    limits are checked when it is built, see jit.compile_fused)."""
     from . import table
     from .tactics import Tactic, heuristic
     from .validate import fail
@@ -42,12 +42,7 @@ def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
         if problems:
             fail("tactic", f"a tactic that can run at N = {n}", "; ".join(problems))
         return tactic
-    tuned = table.lookup(m, n, k, device)
-    if tuned is not None and tuned.problems(n):
-        table.warn_once(("bad entry", n, k, tuned), f"indexer_q: tactic table entry {tuned} cannot run at "
-                        f"N = {n} ({'; '.join(tuned.problems(n))}); using the heuristic tactic")
-        tuned = None
-    return tuned or heuristic(arch, m, n, k)
+    return table.lookup(m, n, k, device) or heuristic(arch, m, n, k)
 
 
 _ACT_QUANT: dict = {}  # device -> compiled activation quantizer

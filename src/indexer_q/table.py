@@ -142,6 +142,15 @@ def _usable_table(path, device):
         warn_once(("stale", str(path)), f"indexer_q: tactic table {path} was made for another "
                    f"setup ({diffs}); using the heuristic tactic")
         table = None
+    if table is not None:  # entries that cannot run at their own N: found once, here
+        # (their M buckets get None, i.e. the heuristic)
+        bad = [e for e in table["entries"] if e["tactic"].problems(e["n"])]
+        for e in bad:
+            warn_once(("bad entry", str(path), e["n"], e["k"], e["m_max"]),
+                      f"indexer_q: tactic table {path} entry {e['tactic']} cannot run at N = {e['n']} "
+                      f"({'; '.join(e['tactic'].problems(e['n']))}); using the heuristic tactic there")
+        if bad:
+            table = dict(table, entries=[dict(e, tactic=None) if e in bad else e for e in table["entries"]])
     with _LOCK:
         _STATE["resolved"][key] = table
     return table
@@ -158,7 +167,7 @@ def lookup(m: int, n: int, k: int, device=None):
     if table is None:
         return None
     tactic = pick(table, m, n, k)
-    if tactic is None:
+    if tactic is None and not any(e["n"] == n and e["k"] == k for e in table["entries"]):
         warn_once(("shape", str(path), n, k), f"indexer_q: tactic table {path} has no entry for "
                    f"N={n}, K={k}; using the heuristic tactic")
     return tactic
