@@ -25,6 +25,10 @@ class GemmConfig:
     # WGMMAs (k=32 each) between promotions of the partial accumulator; fewer = closer
     # to fp32 accuracy (Hopper's FP8 tensor-core accumulation keeps ~14 bits), slower.
     mma_per_promotion: int = 4
+    # True: issue the next K block's WGMMAs into a second partial accumulator before
+    # promoting this one, so the promotion runs under tensor-core work (needs the
+    # register room of one consumer warpgroup: tile_m = 64, mma_per_promotion = 4).
+    pipelined_promotion: bool = False
     hadamard: bool = False
     fp4_rounding: str = "floor-ties"
     out_format: str = "mxfp4"
@@ -55,6 +59,8 @@ class GemmConfig:
             out.append(f"unknown fp4_rounding {self.fp4_rounding!r}")
         if (n // HEAD_DIM) % self.cluster_n:
             out.append(f"{n // HEAD_DIM} heads are not a multiple of cluster_n={self.cluster_n}")
+        if self.pipelined_promotion and ((k // SCALE_BLOCK_K) % 2 or k < 2 * SCALE_BLOCK_K):
+            out.append(f"pipelined_promotion needs an even number (>= 2) of 128-K blocks (K={k})")
         if self.positions_dtype not in ("int32", "int64"):
             out.append(f"positions dtype {self.positions_dtype!r}")
         return out

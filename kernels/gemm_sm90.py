@@ -49,6 +49,9 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             out.append(f"mma_per_promotion={config.mma_per_promotion} (1, 2 or 4)")
         if config.cluster_m not in (1, 2) or config.cluster_n not in (1, 2):
             out.append(f"cluster {config.cluster_m}x{config.cluster_n} (each 1 or 2)")
+        if config.pipelined_promotion and (config.tile_m != 64 or config.mma_per_promotion != 4):
+            out.append("pipelined_promotion needs tile_m=64 and mma_per_promotion=4 (two partial "
+                       "accumulators fit only in one consumer warpgroup's registers)")
         return out
 
     @staticmethod
@@ -355,6 +358,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         acc_shape = thr_mma.partition_shape_C((bm, bn))
         acc = cute.make_rmem_tensor(acc_shape, Float32)
         partial = cute.make_rmem_tensor(acc_shape, Float32)
+        # The pipelined mainloop alternates two partial accumulators.
+        partial2 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.pipelined_promotion else None
         mma_per_stage = cute.size(tCrA, mode=[2])
 
         m = a_scale.shape[0]
@@ -377,38 +382,44 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             srow0 = cutlass.min(tile[0] * bm + row_in_tile, m - 1)
             srow1 = cutlass.min(tile[0] * bm + row_in_tile + 8, m - 1)
             acc.fill(0.0)
-            # Scales are loaded one K block ahead so their latency hides under the
-            # previous block's WGMMAs instead of stalling the promotion.
-            sa0 = a_scale[srow0, 0]
-            sa1 = a_scale[srow1, 0]
-            sw = w_scale[head, 0]
-            for kt in range(k_tiles):
-                s0 = sa0 * sw
-                s1 = sa1 * sw
-                nxt = cutlass.min(kt + 1, k_tiles - 1)
-                sa0 = a_scale[srow0, nxt]
-                sa1 = a_scale[srow1, nxt]
-                sw = w_scale[head, nxt]
-                ab_pipeline.consumer_wait(read_state)
-                per = self.config.mma_per_promotion
-                for group in cutlass.range_constexpr(mma_per_stage // per):
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                    cute.nvgpu.warpgroup.fence()
-                    for kb in cutlass.range_constexpr(group * per, (group + 1) * per):
-                        coord = (None, None, kb, read_state.index)
-                        cute.gemm(tiled_mma, partial, tCrA[coord], tCrB[coord], partial)
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    if cutlass.const_expr(group == mma_per_stage // per - 1):
-                        ab_pipeline.consumer_release(read_state)
-                    # Fragment value i = v + 2h + 4j: column 8j + 2q + v, row + 8h.
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        if cutlass.const_expr((i // 2) % 2 == 0):
-                            acc[i] = acc[i] + partial[i] * s0
-                        else:
-                            acc[i] = acc[i] + partial[i] * s1
-                read_state.advance()
+            if cutlass.const_expr(self.config.pipelined_promotion):
+                read_state = self._mainloop_pipelined(
+                    ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, partial2, k_tiles,
+                    a_scale, w_scale, srow0, srow1, head,
+                )
+            else:
+                # Scales are loaded one K block ahead so their latency hides under the
+                # previous block's WGMMAs instead of stalling the promotion.
+                sa0 = a_scale[srow0, 0]
+                sa1 = a_scale[srow1, 0]
+                sw = w_scale[head, 0]
+                for kt in range(k_tiles):
+                    s0 = sa0 * sw
+                    s1 = sa1 * sw
+                    nxt = cutlass.min(kt + 1, k_tiles - 1)
+                    sa0 = a_scale[srow0, nxt]
+                    sa1 = a_scale[srow1, nxt]
+                    sw = w_scale[head, nxt]
+                    ab_pipeline.consumer_wait(read_state)
+                    per = self.config.mma_per_promotion
+                    for group in cutlass.range_constexpr(mma_per_stage // per):
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                        cute.nvgpu.warpgroup.fence()
+                        for kb in cutlass.range_constexpr(group * per, (group + 1) * per):
+                            coord = (None, None, kb, read_state.index)
+                            cute.gemm(tiled_mma, partial, tCrA[coord], tCrB[coord], partial)
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        if cutlass.const_expr(group == mma_per_stage // per - 1):
+                            ab_pipeline.consumer_release(read_state)
+                        # Fragment value i = v + 2h + 4j: column 8j + 2q + v, row + 8h.
+                        for i in cutlass.range_constexpr(cute.size(acc)):
+                            if cutlass.const_expr((i // 2) % 2 == 0):
+                                acc[i] = acc[i] + partial[i] * s0
+                            else:
+                                acc[i] = acc[i] + partial[i] * s1
+                    read_state.advance()
 
             # Hand the tile to the epilogue warpgroup as bf16 (SPEC step 2's rounding).
             epi_pipeline.producer_acquire(epi_state)
@@ -421,6 +432,88 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             epi_state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
+
+    @staticmethod
+    def _promote(acc, partial, s0, s1):
+        # Fragment value i = v + 2h + 4j: column 8j + 2q + v, row + 8h (trace-time loop).
+        for i in range(cute.size(acc)):
+            acc[i] = acc[i] + partial[i] * (s0 if (i // 2) % 2 == 0 else s1)
+
+    @cute.jit
+    def _mainloop_pipelined(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, p0, p1, k_tiles,
+                            a_scale, w_scale, srow0, srow1, head):
+        """K blocks 0..k_tiles-1 (an even count) with the promotion of block j under block
+        j+1's WGMMAs: blocks alternate between partials p0 (even j) and p1 (odd j); a block's
+        scales are loaded when its WGMMAs are issued and used after they complete. Every
+        pipeline-state step is unconditional (the last pair is peeled), so the states stay
+        plain loop-carried values. (The WGMMA issue is written out four times: the MMA
+        atom's accumulate flag must be rebound in this function's own loop body.)"""
+        mma_per_stage = cute.size(tCrA, mode=[2])
+        issue_state = read_state.clone()
+        ab_pipeline.consumer_wait(issue_state)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(mma_per_stage):
+            cute.gemm(tiled_mma, p0, tCrA[None, None, kb, issue_state.index], tCrB[None, None, kb, issue_state.index], p0)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
+        issue_state.advance()
+        e0 = a_scale[srow0, 0] * w_scale[head, 0]
+        e1 = a_scale[srow1, 0] * w_scale[head, 0]
+        # Fully unrolled (K is a compile-time constant): a WGMMA still in flight across a
+        # loop back-edge makes ptxas copy its accumulators there and serialize every WGMMA
+        # (its C7514 report).
+        for kp in cutlass.range_constexpr(0, k_tiles - 2, 2):
+            # block kp+1 -> p1, then promote block kp (p0)
+            ab_pipeline.consumer_wait(issue_state)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+            cute.nvgpu.warpgroup.fence()
+            for kb in cutlass.range_constexpr(mma_per_stage):
+                cute.gemm(tiled_mma, p1, tCrA[None, None, kb, issue_state.index], tCrB[None, None, kb, issue_state.index], p1)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            cute.nvgpu.warpgroup.commit_group()
+            issue_state.advance()
+            cute.nvgpu.warpgroup.wait_group(1)
+            o0 = a_scale[srow0, kp + 1] * w_scale[head, kp + 1]
+            o1 = a_scale[srow1, kp + 1] * w_scale[head, kp + 1]
+            ab_pipeline.consumer_release(read_state)
+            read_state.advance()
+            self._promote(acc, p0, e0, e1)
+            # block kp+2 -> p0, then promote block kp+1 (p1)
+            ab_pipeline.consumer_wait(issue_state)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+            cute.nvgpu.warpgroup.fence()
+            for kb in cutlass.range_constexpr(mma_per_stage):
+                cute.gemm(tiled_mma, p0, tCrA[None, None, kb, issue_state.index], tCrB[None, None, kb, issue_state.index], p0)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            cute.nvgpu.warpgroup.commit_group()
+            issue_state.advance()
+            cute.nvgpu.warpgroup.wait_group(1)
+            e0 = a_scale[srow0, kp + 2] * w_scale[head, kp + 2]
+            e1 = a_scale[srow1, kp + 2] * w_scale[head, kp + 2]
+            ab_pipeline.consumer_release(read_state)
+            read_state.advance()
+            self._promote(acc, p1, o0, o1)
+        # the last pair: block k_tiles-1 -> p1, promote k_tiles-2 (p0), then k_tiles-1 (p1)
+        last = k_tiles - 1
+        ab_pipeline.consumer_wait(issue_state)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(mma_per_stage):
+            cute.gemm(tiled_mma, p1, tCrA[None, None, kb, issue_state.index], tCrB[None, None, kb, issue_state.index], p1)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
+        o0 = a_scale[srow0, last] * w_scale[head, last]
+        o1 = a_scale[srow1, last] * w_scale[head, last]
+        cute.nvgpu.warpgroup.wait_group(1)
+        ab_pipeline.consumer_release(read_state)
+        read_state.advance()
+        self._promote(acc, p0, e0, e1)
+        cute.nvgpu.warpgroup.wait_group(0)
+        ab_pipeline.consumer_release(read_state)
+        read_state.advance()
+        self._promote(acc, p1, o0, o1)
+        return read_state
 
     @staticmethod
     def _swizzled_word(row, word):

@@ -51,6 +51,21 @@ def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, out_format, hadamard, tmp_pat
         assert split <= entry * k.threads, f"setmaxnreg split {split} > {entry} x {k.threads}"
 
 
+@pytest.mark.skipif(not shutil.which("ptxas"), reason="needs ptxas")
+def test_sm90_pipelined_promotion_keeps_one_wgmma_group_in_flight(tmp_path):
+    """The pipelined mainloop waits for all but the newest WGMMA group before promoting,
+    and ptxas does not serialize the WGMMAs (C7514) or spill."""
+    cfg = GemmConfig(arch="sm_90a", tile_m=64, pipelined_promotion=True, hadamard=True)
+    ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
+    ptx = _ptx(ck)
+    assert ptx.count(WGMMA_E4M3) == 12 * 4  # every K block's WGMMAs, unrolled
+    assert "wgmma.wait_group.sync.aligned 1;" in " ".join(ptx.split())
+    rep = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
+                         capture_output=True, text=True, check=True).stderr
+    assert "C7514" not in rep, rep
+    assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
+
+
 @pytest.mark.parametrize("out_format,hadamard", [("mxfp4", True), ("fp8", False)])
 def test_sm100_fused_compiles_to_tcgen05_block_scaled_mma(out_format, hadamard, tmp_path):
     from indexer_q.kernels.gemm_sm100 import Sm100FusedIndexerQ

@@ -28,6 +28,7 @@ class Tactic:
     raster_along_m: bool = True
     swizzle: int = 1
     mma_per_promotion: int = 4  # WGMMAs (32 K each) between block-scale promotions
+    pipelined_promotion: bool = False  # promote block k under block k+1's WGMMAs (tile_m 64)
     split_k: int = 1
     # False: a profiling probe that runs the mainloop only and writes nothing (it
     # measures the epilogue's cost); never among valid_tactics.
@@ -42,7 +43,7 @@ class Tactic:
             value = getattr(self, name)
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
-        for name in ("raster_along_m", "epilogue"):
+        for name in ("raster_along_m", "epilogue", "pipelined_promotion"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
@@ -98,6 +99,8 @@ def _candidates():
     clusters: 1.9x the time); both remain valid Tactics for experts."""
     for tile_m, (cm, cn) in itertools.product((64, 128), ((1, 1), (2, 1), (1, 2))):
         yield Tactic(tile_m=tile_m, cluster_m=cm, cluster_n=cn)
+    for cm in (1, 2):  # one consumer warpgroup, its promotions under the next block's WGMMAs
+        yield Tactic(tile_m=64, cluster_m=cm, pipelined_promotion=True)
 
 
 def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
