@@ -29,6 +29,11 @@ class GemmConfig:
     # promoting this one, so the promotion runs under tensor-core work (needs the
     # register room of one consumer warpgroup: tile_m = 64, mma_per_promotion = 4).
     pipelined_promotion: bool = False
+    # CTAs (one cluster) that split a tile's K blocks: each accumulates its share and the
+    # others send their fp32 partial tiles to rank 0 through distributed shared memory,
+    # which reduces them in rank order and runs the epilogue. For small M (decode), where
+    # one CTA per head would leave most SMs idle streaming the weight.
+    split_k: int = 1
     hadamard: bool = False
     fp4_rounding: str = "floor-ties"
     out_format: str = "mxfp4"
@@ -61,6 +66,8 @@ class GemmConfig:
             out.append(f"{n // HEAD_DIM} heads are not a multiple of cluster_n={self.cluster_n}")
         if self.pipelined_promotion and ((k // SCALE_BLOCK_K) % 2 or k < 2 * SCALE_BLOCK_K):
             out.append(f"pipelined_promotion needs an even number (>= 2) of 128-K blocks (K={k})")
+        if self.split_k > k // SCALE_BLOCK_K:
+            out.append(f"split_k={self.split_k} exceeds the {k // SCALE_BLOCK_K} K blocks of K={k}")
         if self.positions_dtype not in ("int32", "int64"):
             out.append(f"positions dtype {self.positions_dtype!r}")
         return out
@@ -74,6 +81,7 @@ class FusedIndexerQGemmBase:
     supported_kinds: tuple = ()
     arch: str = ""
     ptx_signature: tuple = ()  # (name, substring the compiled PTX must hold): CI checks it
+    split_k_choices: tuple = (1,)  # K splits the kernel implements
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -93,6 +101,8 @@ class FusedIndexerQGemmBase:
             out.append(f"arch {config.arch} (this kernel is {cls.arch})")
         if config.kind not in cls.supported_kinds:
             out.append(f"kind {config.kind!r} not in {cls.supported_kinds}")
+        if config.split_k not in cls.split_k_choices:
+            out.append(f"split_k={config.split_k} (this kernel: {', '.join(map(str, cls.split_k_choices))})")
         if config.stages and not 2 <= config.stages <= cls.max_stages(config):
             out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out
@@ -124,6 +134,6 @@ class FusedIndexerQGemmBase:
             make_fake_compact_tensor(cutlass.Int32, (m, q_words), stride_order=rowmaj, assumed_align=16),
             make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()), stride_order=rowmaj,
                                      assumed_align=4),
-            sms // (cfg.cluster_m * cfg.cluster_n),  # clusters resident at once
+            sms // (cfg.cluster_m * cfg.cluster_n * cfg.split_k),  # clusters resident at once
             make_fake_stream(use_tvm_ffi_env_stream=True),
         ]

@@ -22,6 +22,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
+from cutlass._mlir.dialects import nvvm
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue as epi
@@ -38,6 +39,7 @@ WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
 class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
     arch = "sm_90a"
     supported_kinds = ("native",)
+    split_k_choices = (1, 2, 4)  # rank 0 holds split_k - 1 partial tiles in shared memory
     ptx_signature = ("wgmma.mma_async e4m3", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3")
 
     @classmethod
@@ -49,6 +51,10 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             out.append(f"mma_per_promotion={config.mma_per_promotion} (1, 2 or 4)")
         if config.cluster_m not in (1, 2) or config.cluster_n not in (1, 2):
             out.append(f"cluster {config.cluster_m}x{config.cluster_n} (each 1 or 2)")
+        if config.split_k > 1 and (config.tile_m != 64 or config.cluster_m * config.cluster_n > 1
+                                   or config.pipelined_promotion):
+            out.append("split_k > 1 needs tile_m=64, no multicast cluster and no pipelined_promotion "
+                       "(its cluster is the K split; one consumer warpgroup sends one partial)")
         if config.pipelined_promotion and (config.tile_m != 64 or config.mma_per_promotion != 4):
             out.append("pipelined_promotion needs tile_m=64 and mma_per_promotion=4 (two partial "
                        "accumulators fit only in one consumer warpgroup's registers)")
@@ -58,7 +64,12 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
     def max_stages(config: GemmConfig) -> int:
         stage_bytes = (config.tile_m + epi.HEAD_DIM) * SCALE_BLOCK_K
         epi_bytes = EPI_BUFFERS * config.tile_m * epi.HEAD_DIM * 2
-        return (SMEM_CAPACITY - epi_bytes - 1024) // stage_bytes
+        return (SMEM_CAPACITY - epi_bytes - Sm90FusedIndexerQ.reduce_bytes(config) - 2048) // stage_bytes
+
+    @staticmethod
+    def reduce_bytes(config: GemmConfig) -> int:
+        """Rank 0's slots for the other K-split ranks' fp32 partial tiles."""
+        return (config.split_k - 1) * config.tile_m * epi.HEAD_DIM * 4
 
     def __init__(self, config: GemmConfig):
         super().__init__(config)
@@ -67,7 +78,9 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         self.num_consumers = config.tile_m // ROWS_PER_CONSUMER
         self.epi_wg = 1 + self.num_consumers
         self.threads = WARPGROUP * (2 + self.num_consumers)
-        self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
+        self.split_k = config.split_k
+        # The launch cluster: the K split's ranks, or the multicast partners.
+        self.cluster_shape_mn = (config.split_k, 1) if config.split_k > 1 else (config.cluster_m, config.cluster_n)
         # setmaxnreg budgets. They move registers inside the CTA's launch allocation (ptxas's
         # entry register count x threads): a split that needs more makes the consumers'
         # increase wait forever (seen on the H200). This assert is the upper bound;
@@ -154,7 +167,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
 
         m = a.shape[0]
         n = w.shape[0]
-        tiles_mnl = (cute.ceil_div(m, bm), n // bn, 1)
+        # With a K split, cluster rank r of M tile i takes scheduler tile i * split_k + r.
+        tiles_mnl = (cute.ceil_div(m, bm) * self.split_k, n // bn, 1)
         sched_params = utils.PersistentTileSchedulerParams(
             tiles_mnl,
             (*self.cluster_shape_mn, 1),
@@ -164,11 +178,15 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
 
         epi_words = EPI_BUFFERS * bm * WORDS_PER_ROW
+        reduce_words = max(1, (self.split_k - 1) * bm * bn)
 
         @cute.struct
         class SharedStorage:
             pipeline_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
             epi_mbar: cute.struct.MemRange[cutlass.Int64, EPI_BUFFERS * 2]
+            # K split: [0, split_k - 1) "slot full" (rank 0), [split_k - 1] "slot free" (others)
+            reduce_mbar: cute.struct.MemRange[cutlass.Int64, self.split_k]
+            sReduce: cute.struct.Align[cute.struct.MemRange[Int32, reduce_words], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[Int32, epi_words], 1024]
             sA: cute.struct.Align[
                 cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024
@@ -228,9 +246,10 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
 
-        cta_layout_mnk = cute.make_layout((*self.cluster_shape_mn, 1))
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cluster_coord = cta_layout_mnk.get_flat_coord(cta_rank)
+        # Multicast partners (a K-split cluster has none: each rank loads its own K blocks).
+        cta_layout_mnk = cute.make_layout((self.config.cluster_m, self.config.cluster_n, 1))
+        cluster_coord = (0, 0, 0) if self.split_k > 1 else cta_layout_mnk.get_flat_coord(cta_rank)
         # The weight tile is shared along the cluster's M, the activation tile along its N.
         a_mcast_mask = 0
         b_mcast_mask = 0
@@ -253,7 +272,10 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_arrivals),
             tx_count=tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
+            # A K-split rank releases its stages to itself only: with the cluster along
+            # M and multicast mode (M only), the one signalling lane targets its own CTA.
+            cta_layout_vmnk=cute.make_layout((1, *self.cluster_shape_mn, 1)),
+            mcast_mode_mn=(1, 0) if self.split_k > 1 else (1, 1),
             defer_sync=True,
         )
         epi_pipeline = pipeline.PipelineAsync.create(
@@ -263,7 +285,18 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, WARPGROUP),
             defer_sync=True,
         )
+        reduce_full = storage.reduce_mbar.data_ptr()  # + slot, in rank 0
+        reduce_free = reduce_full + (self.split_k - 1)  # in ranks 1.., arrived on by rank 0
+        if cutlass.const_expr(self.split_k > 1):
+            if tidx == 0:
+                for slot in cutlass.range_constexpr(self.split_k - 1):
+                    cute.arch.mbarrier_init(reduce_full + slot, 1)
+                cute.arch.mbarrier_init(reduce_free, WARPGROUP)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+        # fp32 partial tiles [slot, chunk, consumer thread, 4]: 16-byte chunks, thread-minor.
+        sReduce = storage.sReduce.get_tensor(cute.make_layout(
+            (max(1, self.split_k - 1), bm * bn // (WARPGROUP * 4), WARPGROUP, 4),
+            stride=(bm * bn, WARPGROUP * 4, 4, 1)))
         # bf16 tiles for the epilogue: [buffer, row, word], 16-byte chunks XOR-swizzled by row.
         sQ = storage.sQ.get_tensor(cute.make_layout((EPI_BUFFERS, bm, WORDS_PER_ROW),
                                                     stride=(bm * WORDS_PER_ROW, WORDS_PER_ROW, 1)))
@@ -290,6 +323,12 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             cute.group_modes(gB, 0, 2),
         )
         k_tiles = cute.size(gA, mode=[3])
+        # This CTA's K blocks: all of them, or its rank's share of the split.
+        k_begin, k_end = 0, k_tiles
+        if cutlass.const_expr(self.split_k > 1):
+            k_begin = cta_rank * k_tiles // self.split_k
+            k_end = (cta_rank + 1) * k_tiles // self.split_k
+        reduce = (reduce_full, reduce_free, sReduce)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
         warpgroup = cute.arch.make_warp_uniform(tidx // WARPGROUP)
@@ -298,25 +337,30 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             if warp_idx == 0:
                 self._producer(
                     ab_pipeline, tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB,
-                    a_mcast_mask, b_mcast_mask, k_tiles, sched_params,
+                    a_mcast_mask, b_mcast_mask, k_begin, k_end, sched_params,
                 )
         elif warpgroup == self.epi_wg:
             cute.arch.setmaxregister_decrease(self.epilogue_regs)
-            self._epilogue(
-                epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
-                positions, cos_sin, out_q, out_scale, a_scale.shape[0],
-            )
+            if cta_rank == 0 or cutlass.const_expr(self.split_k == 1):  # K-split rank 0 writes
+                self._epilogue(
+                    epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
+                    positions, cos_sin, out_q, out_scale, a_scale.shape[0],
+                )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self._consumer(
-                ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, warpgroup - 1, tidx - WARPGROUP,
-                k_tiles, sched_params, a_scale, w_scale,
-            )
+            args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, warpgroup - 1, tidx - WARPGROUP,
+                    k_begin, k_end, sched_params, a_scale, w_scale, reduce)
+            if cutlass.const_expr(self.split_k == 1):
+                self._consumer(*args, role="whole")
+            elif cta_rank == 0:
+                self._consumer(*args, role="reduce")
+            else:
+                self._consumer(*args, role="send")
 
     @cute.jit
     def _producer(
         self, ab_pipeline, tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, a_mcast_mask,
-        b_mcast_mask, k_tiles, sched_params,
+        b_mcast_mask, k_begin, k_end, sched_params,
     ):
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
@@ -325,9 +369,9 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         while work.is_valid_tile:
             tile = work.tile_idx
-            tAgA_m = tAgA[(None, tile[0], None)]
+            tAgA_m = tAgA[(None, tile[0] // self.split_k, None)]
             tBgB_n = tBgB[(None, tile[1], None)]
-            for kt in range(k_tiles):
+            for kt in range(k_begin, k_end):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 cute.copy(
@@ -346,9 +390,11 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
 
     @cute.jit
     def _consumer(
-        self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, consumer_idx, ctidx, k_tiles,
-        sched_params, a_scale, w_scale,
+        self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, consumer_idx, ctidx, k_begin, k_end,
+        sched_params, a_scale, w_scale, reduce, role: cutlass.Constexpr,
     ):
+        """role: "whole" (all K blocks), or in a K split "reduce" (rank 0: adds the other
+        ranks' partial tiles, then hands the tile to the epilogue) or "send" (ranks 1..)."""
         bm, bn, bk = self.tile_shape_mnk
         thr_mma = tiled_mma.get_slice(ctidx)
         tCsA = thr_mma.partition_A(sA)
@@ -375,28 +421,30 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         work = sched.initial_work_tile_info()
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, EPI_BUFFERS)
+        tiles_done = Int32(0)
         while work.is_valid_tile:
             tile = work.tile_idx
             head = tile[1]
             # Scale rows are clamped so that rows past M never read out of bounds.
-            srow0 = cutlass.min(tile[0] * bm + row_in_tile, m - 1)
-            srow1 = cutlass.min(tile[0] * bm + row_in_tile + 8, m - 1)
+            m_tile = tile[0] // self.split_k
+            srow0 = cutlass.min(m_tile * bm + row_in_tile, m - 1)
+            srow1 = cutlass.min(m_tile * bm + row_in_tile + 8, m - 1)
             acc.fill(0.0)
             if cutlass.const_expr(self.config.pipelined_promotion):
                 read_state = self._mainloop_pipelined(
-                    ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, partial2, k_tiles,
+                    ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, partial2, k_end,
                     a_scale, w_scale, srow0, srow1, head,
                 )
             else:
                 # Scales are loaded one K block ahead so their latency hides under the
                 # previous block's WGMMAs instead of stalling the promotion.
-                sa0 = a_scale[srow0, 0]
-                sa1 = a_scale[srow1, 0]
-                sw = w_scale[head, 0]
-                for kt in range(k_tiles):
+                sa0 = a_scale[srow0, k_begin]
+                sa1 = a_scale[srow1, k_begin]
+                sw = w_scale[head, k_begin]
+                for kt in range(k_begin, k_end):
                     s0 = sa0 * sw
                     s1 = sa1 * sw
-                    nxt = cutlass.min(kt + 1, k_tiles - 1)
+                    nxt = cutlass.min(kt + 1, k_end - 1)
                     sa0 = a_scale[srow0, nxt]
                     sa1 = a_scale[srow1, nxt]
                     sw = w_scale[head, nxt]
@@ -421,17 +469,60 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                                 acc[i] = acc[i] + partial[i] * s1
                     read_state.advance()
 
-            # Hand the tile to the epilogue warpgroup as bf16 (SPEC step 2's rounding).
-            epi_pipeline.producer_acquire(epi_state)
-            for h in cutlass.range_constexpr(2):
-                r = row_in_tile + 8 * h
-                for j in cutlass.range_constexpr(16):
-                    word = epi.bf16x2_word(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1])
-                    sQ[epi_state.index, r, self._swizzled_word(r, j * 4 + quad_lane)] = word
-            epi_pipeline.producer_commit(epi_state)
-            epi_state.advance()
+            if cutlass.const_expr(role == "send"):
+                self._send_partial(acc, reduce, ctidx, tiles_done)
+            if cutlass.const_expr(role == "reduce"):
+                self._add_partials(acc, reduce, ctidx, tiles_done)
+            tiles_done += 1
+            if cutlass.const_expr(role != "send"):
+                self._hand_to_epilogue(acc, epi_pipeline, epi_state, sQ, row_in_tile, quad_lane)
+                epi_state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
+        if cutlass.const_expr(role == "send"):
+            # Rank 0 arrives on this CTA's "slot free" barrier after its last read: wait
+            # for that before exiting, so no remote arrive targets an exited CTA.
+            cute.arch.mbarrier_wait(reduce[1], (tiles_done & 1) ^ 1)
+
+    def _hand_to_epilogue(self, acc, epi_pipeline, epi_state, sQ, row_in_tile, quad_lane):
+        """The finished tile to the epilogue warpgroup as bf16 (SPEC step 2's rounding)."""
+        epi_pipeline.producer_acquire(epi_state)
+        for h in range(2):
+            r = row_in_tile + 8 * h
+            for j in range(16):
+                word = epi.bf16x2_word(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1])
+                sQ[epi_state.index, r, self._swizzled_word(r, j * 4 + quad_lane)] = word
+        epi_pipeline.producer_commit(epi_state)
+
+    @cute.jit
+    def _send_partial(self, acc, reduce, ctidx, tiles_done):
+        """K-split rank r >= 1: once rank 0 has freed slot r-1, store this thread's fp32
+        accumulators into it (st.async, completing bytes on rank 0's "slot full" barrier)."""
+        full, free, sReduce = reduce
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        slot = rank - 1
+        cute.arch.mbarrier_wait(free, (tiles_done & 1) ^ 1)
+        for c in cutlass.range_constexpr(cute.size(sReduce, mode=[1])):
+            words = tuple(acc[4 * c + j].bitcast(Int32) for j in range(4))
+            dst = sReduce[(slot, c, ctidx, None)].iterator
+            cute.arch.store_async_dsmem(dst, words, full + slot, 0)
+
+    @cute.jit
+    def _add_partials(self, acc, reduce, ctidx, tiles_done):
+        """K-split rank 0: add ranks 1.. partial tiles in rank order, then free their slots."""
+        full, free, sReduce = reduce
+        slots = cute.size(sReduce, mode=[0])
+        if ctidx == 0:
+            for slot in cutlass.range_constexpr(slots):
+                cute.arch.mbarrier_arrive_and_expect_tx(full + slot, self.tile_shape_mnk[0] * self.tile_shape_mnk[1] * 4)
+        for slot in cutlass.range_constexpr(slots):
+            cute.arch.mbarrier_wait(full + slot, tiles_done & 1)
+            for c in cutlass.range_constexpr(cute.size(sReduce, mode=[1])):
+                for j in cutlass.range_constexpr(4):
+                    acc[4 * c + j] = acc[4 * c + j] + sReduce[slot, c, ctidx, j].bitcast(Float32)
+        for slot in cutlass.range_constexpr(slots):
+            # cluster scope: the reads above must be done before rank slot+1 overwrites
+            cute.arch.mbarrier_arrive(free, peer_cta_rank_in_cluster=slot + 1, scope=nvvm.MemScopeKind.CLUSTER)
 
     @staticmethod
     def _promote(acc, partial, s0, s1):

@@ -66,6 +66,21 @@ def test_sm90_pipelined_promotion_keeps_one_wgmma_group_in_flight(tmp_path):
     assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
 
 
+@pytest.mark.parametrize("split_k", [2, 4])
+def test_sm90_split_k_reduces_through_distributed_shared_memory(split_k, tmp_path):
+    """Ranks 1.. send their fp32 partial tile with st.async (16 x 16 bytes a thread),
+    rank 0 frees the slots with cluster-scoped release arrives; no spills."""
+    cfg = GemmConfig(arch="sm_90a", tile_m=64, split_k=split_k, hadamard=True)
+    ck = jit.compile_fused(cfg, 1024, 1536, keep_dir=str(tmp_path))
+    ptx = " ".join(_ptx(ck).split())
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32") == 16
+    assert "mbarrier.arrive.release.cluster.shared::cluster.b64" in ptx
+    if shutil.which("ptxas"):
+        rep = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
+                             capture_output=True, text=True, check=True).stderr
+        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
+
+
 @pytest.mark.parametrize("out_format,hadamard", [("mxfp4", True), ("fp8", False)])
 def test_sm100_fused_compiles_to_tcgen05_block_scaled_mma(out_format, hadamard, tmp_path):
     from indexer_q.kernels.gemm_sm100 import Sm100FusedIndexerQ

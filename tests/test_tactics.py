@@ -40,9 +40,15 @@ def test_to_config_carries_the_call_numerics():
                                       out_format="fp8", positions_dtype="int32")
     assert (cfg.tile_m, cfg.hadamard, cfg.rne, cfg.out_format, cfg.positions_dtype) == (
         64, True, True, "fp8", "int32")
-    with pytest.raises(ValueError, match="split_k"):
-        Tactic(split_k=2).to_config("sm_90a", hadamard=False, fp4_rounding="rne",
-                                    out_format="mxfp4", positions_dtype="int64")
+    from indexer_q.kernels.gemm_sm100 import Sm100FusedIndexerQ
+    from indexer_q.kernels.gemm_sm90 import Sm90FusedIndexerQ
+
+    probe = dict(hadamard=False, fp4_rounding="rne", out_format="mxfp4", positions_dtype="int64")
+    assert Sm90FusedIndexerQ.can_implement(Tactic(tile_m=64, split_k=4).to_config("sm_90a", **probe), 1024, 1536)
+    for bad in (Tactic(tile_m=128, split_k=2), Tactic(tile_m=64, split_k=3), Tactic(tile_m=64, split_k=2, cluster_m=2)):
+        assert not Sm90FusedIndexerQ.can_implement(bad.to_config("sm_90a", **probe), 1024, 1536), bad
+    assert not Sm90FusedIndexerQ.can_implement(Tactic(tile_m=64, split_k=4).to_config("sm_90a", **probe), 1024, 384)
+    assert not Sm100FusedIndexerQ.can_implement(Tactic(split_k=2).to_config("sm_100a", **probe), 1024, 1536)
 
 
 def _meta():

@@ -66,9 +66,7 @@ class Tactic:
         """The kernel's compile key: this tactic plus the call's numerics."""
         from indexer_q.kernels.gemm_base import GemmConfig
 
-        if self.split_k != 1:
-            raise ValueError("split_k > 1 is not implemented by any kernel yet")
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "split_k"}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return GemmConfig(arch=arch, hadamard=bool(hadamard), fp4_rounding=fp4_rounding,
                           out_format=out_format, positions_dtype=positions_dtype, **fields)
 
@@ -101,6 +99,8 @@ def _candidates():
         yield Tactic(tile_m=tile_m, cluster_m=cm, cluster_n=cn)
     for cm in (1, 2):  # one consumer warpgroup, its promotions under the next block's WGMMAs
         yield Tactic(tile_m=64, cluster_m=cm, pipelined_promotion=True)
+    for split in (2, 4):  # small M: more CTAs streaming the weight, partials reduced in a cluster
+        yield Tactic(tile_m=64, split_k=split)
 
 
 def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
@@ -123,8 +123,16 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
     """The default without a tuned table. sm_90a: 64-row tiles (one consumer warpgroup)
     while 128-row tiles would fill at most half the SMs, 128-row tiles otherwise. That is
     where the H200 tables change (tuning/tables: V4-Pro N = 8192 up to M = 128, N = 1024
-    up to M = 1024); clusters win there by a few percent at most. sm_100a: its one tile."""
+    up to M = 1024); clusters win there by a few percent at most. Below that, where even
+    64-row tiles leave SMs idle, the K blocks are split over 2 or 4 CTAs of a cluster
+    (decode: the weight is streamed by more SMs). sm_100a: its one tile."""
     if arch == "sm_100a":
         return Tactic(tile_m=128)
-    tiles_of_128 = -(-m // 128) * (n // 128)
-    return Tactic(tile_m=64 if tiles_of_128 <= SM90_SMS // 2 else 128)
+    heads = n // 128
+    if -(-m // 128) * heads > SM90_SMS // 2:
+        return Tactic(tile_m=128)
+    tiles_of_64 = -(-m // 64) * heads
+    for split in (4, 2):  # split K while the split tiles still fit on the SMs at once
+        if tiles_of_64 * split <= SM90_SMS and split <= k // 128:
+            return Tactic(tile_m=64, split_k=split)
+    return Tactic(tile_m=64)
