@@ -7,7 +7,10 @@ set -uo pipefail
 out=${1:-/tmp/indexer_q_sanitize}
 mkdir -p "$out"
 cases=()
-for spec in "tile_m=64" "tile_m=128" "tile_m=128,cluster_m=2" "tile_m=128,cluster_n=2" "tile_m=64,pipelined_promotion=True"; do
+specs=("tile_m=64" "tile_m=128" "tile_m=128,cluster_m=2" "tile_m=128,cluster_n=2" "tile_m=64,pipelined_promotion=True"
+       "tile_m=64,split_k=2" "tile_m=64,split_k=4")
+[ -n "${SANITIZE_SPECS:-}" ] && read -ra specs <<< "$SANITIZE_SPECS"  # e.g. "tile_m=64,split_k=2 tile_m=64"
+for spec in "${specs[@]}"; do
   for m in 1 130; do cases+=("$m:1024:1024:$spec"); done
 done
 python3 -m tuning.smoke --cases "${cases[@]}" > "$out/plain.log" 2>&1 || { echo "plain run failed"; exit 1; }
