@@ -169,6 +169,37 @@ def test_fused_fp8_matches_reference(t, n, k, out_format, big_cos_sin):
         _check_case(t, n, k, hadamard, "floor-ties", out_format, seed, big_cos_sin)
 
 
+@pytest.mark.parametrize("t,n,k,split_k", [(1, 8192, 1536, 2), (130, 1024, 1024, 4), (1000, 8192, 1536, 2),
+                                           (3000, 1024, 1536, 4), (77, 2048, 1024, 4)])
+def test_split_k_matches_reference(t, n, k, split_k, big_cos_sin):
+    """The K-split tactic forced, including M large enough that every cluster reduces
+    many tiles in turn (the slot barriers' phases alternate), with poisoned outputs."""
+    _needs_sm90()
+    from indexer_q import dispatch, prepare_weights
+    from indexer_q.tactics import Tactic
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    x = _inputs(t, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    tactic = Tactic(tile_m=64, split_k=split_k)
+    for hadamard in (False, True):
+        opts = dict(hadamard=hadamard, fp4_rounding="rne", out_format="mxfp4")
+        outs = []
+        for byte in (0x00, 0xA5):
+            out = _poisoned(t, weights.heads, "mxfp4", byte)
+            outs.append(dispatch.run_fused(x["qr"], weights, x["positions"], x["cos_sin"], out=out,
+                                           tactic=tactic, **opts))
+        torch.cuda.synchronize()
+        (q, s), (q1, s1) = outs
+        assert torch.equal(q, q1) and torch.equal(s, s1), "some outputs were never written"
+        rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"], **opts)
+        scale_eq, code_eq, max_step = _fp4_check(q, s, rq, rs)
+        tag = f"M={t} N={n} K={k} split_k={split_k} had={hadamard} seed={seed}"
+        assert max_step <= 1, tag
+        if t * n >= 1 << 20:
+            assert scale_eq >= 0.999 and code_eq >= CODES_EQUAL_MIN[hadamard], (tag, scale_eq, code_eq)
+
+
 def test_fused_int32_positions_and_out_of_range(big_cos_sin):
     """int32 positions; positions outside [0, P) leave the token unrotated (documented)."""
     _needs_sm90()
