@@ -369,7 +369,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         while work.is_valid_tile:
             tile = work.tile_idx
-            tAgA_m = tAgA[(None, tile[0] // self.split_k, None)]
+            tAgA_m = tAgA[(None, self._m_tile(tile), None)]
             tBgB_n = tBgB[(None, tile[1], None)]
             for kt in range(k_begin, k_end):
                 ab_pipeline.producer_acquire(state)
@@ -426,7 +426,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             tile = work.tile_idx
             head = tile[1]
             # Scale rows are clamped so that rows past M never read out of bounds.
-            m_tile = tile[0] // self.split_k
+            m_tile = self._m_tile(tile)
             srow0 = cutlass.min(m_tile * bm + row_in_tile, m - 1)
             srow1 = cutlass.min(m_tile * bm + row_in_tile + 8, m - 1)
             acc.fill(0.0)
@@ -606,6 +606,10 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         self._promote(acc, p1, o0, o1)
         return read_state
 
+    def _m_tile(self, tile):
+        """The token tile of a scheduler tile: a K split's ranks share one (see __call__)."""
+        return tile[0] // self.split_k
+
     @staticmethod
     def _swizzled_word(row, word):
         """Word index inside a row of the bf16 tile: the 16-byte chunk is XORed with
@@ -632,7 +636,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         while work.is_valid_tile:
             tile = work.tile_idx
             head = tile[1]
-            rows = [tile[0] * bm + p * EPI_ROWS_PER_PASS + row_in_pass for p in range(passes)]
+            rows = [self._m_tile(tile) * bm + p * EPI_ROWS_PER_PASS + row_in_pass for p in range(passes)]
             # Everything below is one basic block (stores are predicated), and the cos/sin
             # rows are requested before the tile is ready, so their latency overlaps the wait.
             cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
