@@ -29,3 +29,29 @@ def test_tuner_prefers_the_heuristic_within_one_percent():
     assert tune.choose({a: 100.0, b: 99.5}, default=a) == a
     assert tune.choose({a: 100.0, b: 98.0}, default=a) == b
     assert tune.choose({b: 98.0}, default=a) == b
+
+
+def test_merge_tables(tmp_path):
+    """Per-(model, TP) tables merge into one per GPU; clashing metadata or shapes refuse."""
+    import json
+
+    import pytest
+
+    from indexer_q import table
+    from indexer_q.tactics import Tactic
+    from tuning.tune import merge
+
+    meta = {"gpu": "G", "sms": 1, "indexer_q": "0", "cutlass_dsl": "0", "torch": "0", "cuda": "0",
+            "kernel_fingerprint": "f", "model": "x"}
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    table.write_table(a, meta, [{"n": 8192, "k": 1536, "m_max": 1, "tactic": Tactic(tile_m=64, split_k=2)}])
+    table.write_table(b, meta, [{"n": 1024, "k": 1536, "m_max": 16384, "tactic": Tactic()}])
+    table.write_table(c, meta | {"kernel_fingerprint": "g"}, [{"n": 2048, "k": 1536, "m_max": 1, "tactic": Tactic()}])
+    out = merge([a, b], tmp_path / "m.json")
+    merged = json.loads(out.read_text())
+    assert [(e["n"], e["tactic"]["split_k"]) for e in merged["entries"]] == [(1024, 1), (8192, 2)]
+    assert merged["metadata"]["merged_from"] == ["a.json", "b.json"] and "model" not in merged["metadata"]
+    with pytest.raises(SystemExit, match="kernel_fingerprint"):
+        merge([a, c], tmp_path / "x.json")
+    with pytest.raises(SystemExit, match="already"):
+        merge([a, a], tmp_path / "x.json")

@@ -10,6 +10,7 @@ of the smallest profiled M at or above it.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -119,13 +120,42 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     return path
 
 
+def merge(paths, out) -> Path:
+    """One table for a GPU from per-(model, TP) tables: their entries (distinct (N, K)),
+    under metadata they all share (the per-run details stay in the sources)."""
+    tables = [json.loads(Path(p).read_text()) for p in paths]
+    keys = ("gpu", "sms", "indexer_q", "cutlass_dsl", "torch", "cuda", "kernel_fingerprint")
+    meta = {key: tables[0]["metadata"][key] for key in keys}
+    for p, t in zip(paths, tables):
+        differ = [key for key in keys if t["metadata"].get(key) != meta[key]]
+        if differ:
+            raise SystemExit(f"{p}: metadata {differ} differs from {paths[0]}'s")
+    seen = set()
+    entries = []
+    for p, t in zip(paths, tables):
+        shapes = {(e["n"], e["k"]) for e in t["entries"]}
+        if shapes & seen:
+            raise SystemExit(f"{p}: (N, K) {sorted(shapes & seen)} already in another table")
+        seen |= shapes
+        entries += t["entries"]
+    table.write_table(Path(out), meta | {"merged_from": [Path(p).name for p in paths]}, entries)
+    return Path(out)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="indexer-q tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=list(MODELS), required=True)
+    ap.add_argument("--model", choices=list(MODELS))
     ap.add_argument("--tp", type=int, choices=[1, 2, 4, 8], default=1)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--merge", nargs="+", metavar="TABLE",
+                    help="merge these tables into --out instead of tuning (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.merge:
+        print(f"wrote {merge(args.merge, args.out or TABLES / 'merged.json')}")
+        return 0
+    if not args.model:
+        ap.error("--model is required (or --merge)")
     if not torch.cuda.is_available():
         print("indexer-q tune needs a CUDA GPU", file=sys.stderr)
         return 2
