@@ -129,11 +129,5 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
     (decode: the weight is streamed by more SMs). sm_100a: its one tile."""
     if arch == "sm_100a":
         return Tactic(tile_m=128)
-    heads = n // 128
-    if -(-m // 128) * heads > SM90_SMS // 2:
-        return Tactic(tile_m=128)
-    tiles_of_64 = -(-m // 64) * heads
-    for split in (4, 2):  # split K while the split tiles still fit on the SMs at once
-        if tiles_of_64 * split <= SM90_SMS and split <= k // 128:
-            return Tactic(tile_m=64, split_k=split)
-    return Tactic(tile_m=64)
+    tiles_of_128 = -(-m // 128) * (n // 128)
+    return Tactic(tile_m=64 if tiles_of_128 <= SM90_SMS // 2 else 128)
