@@ -124,9 +124,11 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
     """The default without a tuned table. sm_90a: 64-row tiles (one consumer warpgroup)
     while 128-row tiles would fill at most half the SMs, 128-row tiles otherwise. That is
     where the H200 tables change (tuning/tables: V4-Pro N = 8192 up to M = 128, N = 1024
-    up to M = 1024); clusters win there by a few percent at most. Below that, where even
-    64-row tiles leave SMs idle, the K blocks are split over 2 or 4 CTAs of a cluster
-    (decode: the weight is streamed by more SMs). sm_100a: its one tile."""
+    up to M = 1024); clusters win there by a few percent at most. No K split: on the H200
+    it never won (V4-Pro M = 1: 12.8 us split in 2 against 11.9; TP8 M = 1: 9.5 us split
+    in 4 against 9.2): small M is bound by a chain of fixed latencies (launch, first
+    loads, one tile's epilogue), not by how many SMs stream the weight. sm_100a: its one
+    tile."""
     if arch == "sm_100a":
         return Tactic(tile_m=128)
     tiles_of_128 = -(-m // 128) * (n // 128)
