@@ -23,6 +23,7 @@ step tests_kernel 420 python3 -m pytest -q -p no:cacheprovider tests/test_kernel
 step tests_op 300 python3 -m pytest -q -p no:cacheprovider tests/test_op_gpu.py
 step tests_reliability 420 python3 -m pytest -q -p no:cacheprovider tests/test_reliability_gpu.py
 step tests_peer 120 python3 -m pytest -q -p no:cacheprovider tests/test_peer_triton.py
+step tests_tp 200 python3 -m pytest -q -p no:cacheprovider tests/test_tp_gpu.py  # skips below 2 GPUs
 step host_overhead 120 python3 -m tuning.host_overhead 1
 step tests_fp8 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_sm90.py -k fp8
 if [ -z "$quick" ]; then
