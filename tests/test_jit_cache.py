@@ -55,3 +55,18 @@ def test_disk_key_changes_with_the_compile_key():
     b = jit.disk_key(("fused_indexer_q", "sm_90a", GemmConfig(hadamard=True), 8192, 1536))
     c = jit.disk_key(("fused_indexer_q", "sm_90a", GemmConfig(), 1024, 1536))
     assert len({a, b, c}) == 3
+
+
+def test_versions_match_the_installed_metadata():
+    """The disk key's library versions, read from dist-info directory names, equal what
+    importlib.metadata says about the same distributions."""
+    import importlib.metadata as md
+
+    from indexer_q import jit
+
+    expected = sorted(
+        f"{(d.metadata['Name'] or '').lower()}={d.version}" for d in md.distributions()
+        if (d.metadata["Name"] or "").lower().startswith("nvidia-cutlass-dsl")
+        or (d.metadata["Name"] or "").lower() == "apache-tvm-ffi")
+    jit._versions.cache_clear()
+    assert jit._versions() == (";".join(sorted(set(expected))) or "kit")

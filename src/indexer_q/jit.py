@@ -75,14 +75,21 @@ def _disk_enabled() -> bool:
 @functools.lru_cache(maxsize=None)
 def _versions() -> str:
     """Versions of everything a cached binary depends on: the DSL and its runtime
-    libraries (every nvidia-cutlass-dsl* distribution) and TVM-FFI."""
-    import importlib.metadata as md
+    libraries (every nvidia-cutlass-dsl* distribution) and TVM-FFI. Read from the
+    `{name}-{version}.dist-info` directory names on sys.path: parsing every installed
+    distribution's metadata took 0.17 s of a new process's first call on the H200 host."""
+    import sys
 
-    out = []
-    for dist in md.distributions():
-        name = (dist.metadata["Name"] or "").lower()
-        if name.startswith("nvidia-cutlass-dsl") or name == "apache-tvm-ffi":
-            out.append(f"{name}={dist.version}")
+    out = set()
+    for entry in sys.path:
+        try:
+            names = [e.name for e in os.scandir(entry or ".")]
+        except OSError:
+            continue
+        for n in names:
+            if n.endswith(".dist-info") and n.startswith(("nvidia_cutlass_dsl", "apache_tvm_ffi")):
+                name, _, version = n[: -len(".dist-info")].partition("-")
+                out.add(f"{name.replace('_', '-').lower()}={version}")
     return ";".join(sorted(out)) or "kit"
 
 
