@@ -188,8 +188,8 @@ def _agreement(q, rq):
 def test_fused_fp8_equals_the_hopper_chain(t, n, k, out_format, big_cos_sin):
     """FP8 outputs. The SPEC's criterion against a float64 step 2 is out of reach on
     Hopper for any FP8 GEMM (tuning/NOTES.md): its tensor cores round ~6% of the bf16
-    GEMM outputs one ulp away from float64, and e4m3's fine steps near zero turn a one-ulp
-    change of a value that RoPE or the Hadamard nearly cancels into many steps. So: with
+    GEMM outputs differently from float64 (by about one ulp), and e4m3's fine steps near
+    zero turn such a change of a value that RoPE or the Hadamard nearly cancels into many steps. So: with
     cuBLAS's accumulation order (no K split) the bytes equal the cuBLAS chain's exactly,
     which proves steps 3-6 exact on the same bf16 GEMM output; a K split (another fp32
     summation order) agrees with the float64 reference as well as that chain does."""
