@@ -159,23 +159,6 @@ def test_fused_mxfp4_matches_reference(t, n, k, big_cos_sin):
         _check_case(t, n, k, hadamard, rounding, "mxfp4", seed, big_cos_sin)
 
 
-def _cublas_chain(x, hadamard, out_format):
-    """What a Hopper engine's unfused FP8 path computes: cuBLAS's block-scaled FP8 GEMM
-    (bf16 out), then the reference's steps 3-6. Rows are independent, so M is padded to a
-    multiple of 16 for cuBLAS (it refuses some small M) and the padding sliced off."""
-    from indexer_q import quantize_act_fp8
-
-    t = x["qr"].shape[0]
-    pad = -t % 16
-    qr = torch.nn.functional.pad(x["qr"], (0, 0, 0, pad))
-    a, sa = quantize_act_fp8(qr)
-    q = torch._scaled_mm(a, x["weight"].t(), scale_a=sa.t().contiguous().t(), scale_b=x["weight_scale"].t(),
-                         out_dtype=torch.bfloat16)[:t].reshape(t, -1, 128)
-    q = ref.apply_rope(q, x["positions"], x["cos_sin"])
-    q = ref.hadamard_128(q) if hadamard else q
-    return ref.quantize_fp8_per_head(q) if out_format == "fp8" else (ref.quantize_fp8_unscaled(q), None)
-
-
 def _agreement(q, rq):
     from indexer_q.testing import e4m3_ordinal
 
@@ -197,6 +180,7 @@ def test_fused_fp8_equals_the_hopper_chain(t, n, k, out_format, big_cos_sin):
     import dataclasses
 
     from indexer_q import dispatch, prepare_weights
+    from tuning.bench import cublas_reference_chain  # pads M for cuBLAS, then reference steps 3-6
 
     seed = int.from_bytes(os.urandom(4), "little")
     x = _inputs(t, n, k, seed, big_cos_sin)
@@ -204,7 +188,7 @@ def test_fused_fp8_equals_the_hopper_chain(t, n, k, out_format, big_cos_sin):
     chosen = dispatch.choose_tactic("sm_90a", x["qr"].device, t, n, k)
     for hadamard in (False, True):
         opts = dict(hadamard=hadamard, fp4_rounding="floor-ties", out_format=out_format)
-        cq, cs = _cublas_chain(x, hadamard, out_format)
+        cq, cs = cublas_reference_chain(x, hadamard=hadamard, out_format=out_format)
         rq, _ = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"], **opts)
         tag = f"M={t} N={n} K={k} had={hadamard} {out_format} seed={seed}"
         for tactic in {dataclasses.replace(chosen, split_k=1), chosen}:

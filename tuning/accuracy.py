@@ -38,12 +38,9 @@ def main():
                                      hadamard=hadamard, fp4_rounding=rounding)
         if args.cublas and m > 1:
             # the unfused Hopper chain's accuracy: cuBLAS block-scaled GEMM, then SPEC steps 3-5
-            from tuning.bench import cublas_args, run_cublas
+            from tuning.bench import cublas_reference_chain
 
-            qb = run_cublas(cublas_args(x)).reshape(m, -1, 128)
-            qb = ref.apply_rope(qb, x["positions"], x["cos_sin"])
-            qb = ref.hadamard_128(qb) if hadamard else qb
-            cq, cs = ref.quantize_mxfp4(qb, rounding)
+            cq, cs = cublas_reference_chain(x, hadamard=hadamard, out_format="mxfp4", fp4_rounding=rounding)
             cd = fp4_signed_codes(cq) != fp4_signed_codes(rq)
             print(f"   cublas chain: codes_eq={1 - cd.double().mean().item():.6f}")
         a, b = fp4_signed_codes(q), fp4_signed_codes(rq)

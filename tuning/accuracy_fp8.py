@@ -39,7 +39,7 @@ def main():
     ap.add_argument("--k", type=int, default=1536)
     ap.add_argument("--tactic", nargs="+", default=[""])
     args = ap.parse_args()
-    from tuning.bench import cublas_args, parse_fields, run_cublas
+    from tuning.bench import cublas_gemm, cublas_reference_chain, parse_fields
 
     for m, hadamard, fmt in itertools.product(args.m, (False, True), ("fp8", "fp8-unscaled")):
         x = make_inputs(m, args.n, args.k, p=4096, seed=m, device="cuda")
@@ -53,13 +53,9 @@ def main():
                                       fp4_rounding="floor-ties", out_format=fmt, tactic=tactic, verified_only=False)
             torch.cuda.synchronize()
             describe(f"kernel[{spec or 'default'}]", q, rq)
-        qb = run_cublas(cublas_args(x)).reshape(m, -1, 128)
-        qb = ref.apply_rope(qb, x["positions"], x["cos_sin"])
-        qb = ref.hadamard_128(qb) if hadamard else qb
-        cq = ref.quantize_fp8_per_head(qb)[0] if fmt == "fp8" else ref.quantize_fp8_unscaled(qb)
+        qc = cublas_gemm(x)
+        cq, cs = cublas_reference_chain(x, hadamard=hadamard, out_format=fmt, q=qc)
         describe("cublas chain", cq, rq)
-        if fmt == "fp8":
-            cs = ref.quantize_fp8_per_head(qb)[1]
         for spec in args.tactic:  # the kernel against the reference epilogue on cuBLAS's bf16 q
             tactic = dataclasses.replace(heuristic("sm_90a", m, args.n, args.k), **(parse_fields(spec) if spec else {}))
             q, s = dispatch.run_fused(x["qr"], w, x["positions"], x["cos_sin"], hadamard=hadamard,
@@ -71,8 +67,7 @@ def main():
         # the bf16 GEMM output itself: cuBLAS against the float64 step 2
         a, sa = ref.quantize_act_fp8(x["qr"])
         q64 = ref.block_scaled_gemm(a, sa, x["weight"], x["weight_scale"])
-        qc = run_cublas(cublas_args(x)).float().cpu()
-        err = (qc - q64.float().cpu()).abs()
+        err = (qc.float().cpu() - q64.float().cpu()).abs()
         print(f"  cublas bf16 q vs float64: differ={(err > 0).double().mean().item():.6f} "
               f"max_abs_err={err.max().item():.4g} rms_q={q64.float().pow(2).mean().sqrt().item():.4g}", flush=True)
 

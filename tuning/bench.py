@@ -103,6 +103,28 @@ def run_cublas(c):
     return torch._scaled_mm(c["a"], c["b"], scale_a=c["sa"], scale_b=c["sb"], out_dtype=torch.bfloat16)
 
 
+def cublas_gemm(x):
+    """cuBLAS's block-scaled GEMM of the problem `x`, bf16 [T, N]. Rows are independent, so
+    T is padded to a multiple of 16 (cuBLAS refuses some small T) and the padding dropped."""
+    t = x["qr"].shape[0]
+    padded = dict(x, qr=torch.nn.functional.pad(x["qr"], (0, 0, 0, -t % 16)))
+    return run_cublas(cublas_args(padded))[:t]
+
+
+def cublas_reference_chain(x, *, hadamard, out_format, fp4_rounding="floor-ties", q=None):
+    """What an unfused Hopper engine computes: cuBLAS's GEMM (or its output `q`), then the
+    reference's steps 3-6. Returns (q, q_scale) as the fused op does."""
+    from indexer_q import reference as ref
+
+    t = x["qr"].shape[0]
+    q = (cublas_gemm(x) if q is None else q).reshape(t, -1, 128)
+    q = ref.apply_rope(q, x["positions"], x["cos_sin"])
+    q = ref.hadamard_128(q) if hadamard else q
+    if out_format == "mxfp4":
+        return ref.quantize_mxfp4(q, fp4_rounding)
+    return ref.quantize_fp8_per_head(q) if out_format == "fp8" else (ref.quantize_fp8_unscaled(q), None)
+
+
 def unfused_chain(x, *, hadamard, fp4_rounding="floor-ties"):
     from tuning.peers.triton_rope_hadamard_mxfp4 import rope_hadamard_mxfp4
 
