@@ -38,6 +38,10 @@ class ActQuantFp8:
 
     @cute.kernel
     def kernel(self, qr_words, out_words, out_scale, units, k_blocks):
+        # The fused GEMM after this kernel is launched with programmatic dependent launch:
+        # let it start now (its prologue and weight loads overlap this kernel; it waits
+        # for this grid's completion before it reads the activation).
+        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()

@@ -38,6 +38,10 @@ class GemmConfig:
     fp4_rounding: str = "floor-ties"
     out_format: str = "mxfp4"
     positions_dtype: str = "int64"
+    # Programmatic dependent launch: the kernel may start while the activation quantizer
+    # (the launch before it) still runs; it sets up, loads the first tile's weight blocks,
+    # then waits for that grid before touching the activation or its scales.
+    pdl: bool = True
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.

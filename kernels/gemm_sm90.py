@@ -217,6 +217,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
             stream=stream,
+            use_pdl=self.config.pdl,
         )
 
     # ---------------------------------------------------------------- device side
@@ -367,11 +368,35 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         )
         work = sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        # PDL: the first tile's weight blocks (as many as the ring holds) are requested before
+        # waiting for the activation quantizer; their stages then get the activation blocks.
+        early = 0
+        if cutlass.const_expr(self.config.pdl):
+            early = min(self.stages, k_end) if cutlass.const_expr(self.split_k == 1) else 0
+            a_state = state.clone()
+            if work.is_valid_tile:
+                tBgB_n = tBgB[(None, work.tile_idx[1], None)]
+                for kt in cutlass.range_constexpr(early):
+                    ab_pipeline.producer_acquire(state)
+                    cute.copy(
+                        tma_atom_b, tBgB_n[(None, kt)], tBsB[(None, state.index)],
+                        tma_bar_ptr=ab_pipeline.producer_get_barrier(state), mcast_mask=b_mcast_mask,
+                    )
+                    state.advance()
+            cute.arch.griddepcontrol_wait()
+            if work.is_valid_tile:
+                tAgA_m = tAgA[(None, self._m_tile(work.tile_idx), None)]
+                for kt in cutlass.range_constexpr(early):
+                    cute.copy(
+                        tma_atom_a, tAgA_m[(None, kt)], tAsA[(None, a_state.index)],
+                        tma_bar_ptr=ab_pipeline.producer_get_barrier(a_state), mcast_mask=a_mcast_mask,
+                    )
+                    a_state.advance()
         while work.is_valid_tile:
             tile = work.tile_idx
             tAgA_m = tAgA[(None, self._m_tile(tile), None)]
             tBgB_n = tBgB[(None, tile[1], None)]
-            for kt in range(k_begin, k_end):
+            for kt in range(k_begin + early, k_end):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 cute.copy(
@@ -384,6 +409,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                 )
                 ab_pipeline.producer_commit(state)
                 state.advance()
+            early = 0  # only the first tile had its first blocks issued above
             sched.advance_to_next_work()
             work = sched.get_current_work()
         ab_pipeline.producer_tail(state)
@@ -409,6 +435,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         mma_per_stage = cute.size(tCrA, mode=[2])
 
         m = a_scale.shape[0]
+        if cutlass.const_expr(self.config.pdl):
+            cute.arch.griddepcontrol_wait()  # the activation scales come from the quantizer
         lane = cute.arch.lane_idx()
         warp_in_wg = (ctidx // 32) % 4
         quad_lane = lane % 4

@@ -66,6 +66,18 @@ def test_sm90_pipelined_promotion_keeps_one_wgmma_group_in_flight(tmp_path):
     assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
 
 
+def test_sm90_pdl_waits_for_the_activation_quantizer(tmp_path):
+    """PDL: the quantizer lets the GEMM launch early; the GEMM's producer requests the
+    first weight blocks, then waits (griddepcontrol.wait) before any activation load, and
+    the consumers wait before reading the activation scales. pdl=False has no wait."""
+    aq = _ptx(jit.compile_act_quant("sm_90a", keep_dir=str(tmp_path / "aq")))
+    assert "griddepcontrol.launch_dependents;" in aq
+    for pdl, waits in ((True, 2), (False, 0)):
+        cfg = GemmConfig(arch="sm_90a", tile_m=128, pdl=pdl)
+        ptx = _ptx(jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / str(pdl))))
+        assert ptx.count("griddepcontrol.wait;") == waits, pdl
+
+
 @pytest.mark.parametrize("split_k", [2, 4])
 def test_sm90_split_k_reduces_through_distributed_shared_memory(split_k, tmp_path):
     """Ranks 1.. send their fp32 partial tile with st.async (16 x 16 bytes a thread),

@@ -30,6 +30,7 @@ class Tactic:
     mma_per_promotion: int = 4  # WGMMAs (32 K each) between block-scale promotions
     pipelined_promotion: bool = False  # promote block k under block k+1's WGMMAs (tile_m 64)
     split_k: int = 1
+    pdl: bool = True  # programmatic dependent launch after the activation quantizer
     # False: a profiling probe that runs the mainloop only and writes nothing (it
     # measures the epilogue's cost); never among valid_tactics.
     epilogue: bool = True
@@ -43,7 +44,7 @@ class Tactic:
             value = getattr(self, name)
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
-        for name in ("raster_along_m", "epilogue", "pipelined_promotion"):
+        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
