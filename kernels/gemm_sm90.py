@@ -370,6 +370,9 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         # PDL: the first tile's weight blocks (as many as the ring holds) are requested before
         # waiting for the activation quantizer; their stages then get the activation blocks.
+        # (The weight is read before the wait: run_fused launches the quantizer, which
+        # writes only the activation, right before this kernel, and that launch waits for
+        # all earlier work in the stream.)
         early = 0
         if cutlass.const_expr(self.config.pdl):
             early = min(self.stages, k_end) if cutlass.const_expr(self.split_k == 1) else 0
@@ -655,6 +658,11 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         row_in_pass = (etidx // 32) * 8 + lane // 4
         lane_cols = layout.column_lane_bits(lane_in_row)
         passes = bm // EPI_ROWS_PER_PASS
+        if cutlass.const_expr(self.config.pdl):
+            # positions / cos_sin are read only after the previous grid (the quantizer),
+            # so nothing launched before it can still be writing them; no cost: the
+            # first tile needs the quantizer's output anyway.
+            cute.arch.griddepcontrol_wait()
 
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()

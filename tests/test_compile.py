@@ -72,7 +72,7 @@ def test_sm90_pdl_waits_for_the_activation_quantizer(tmp_path):
     the consumers wait before reading the activation scales. pdl=False has no wait."""
     aq = _ptx(jit.compile_act_quant("sm_90a", keep_dir=str(tmp_path / "aq")))
     assert "griddepcontrol.launch_dependents;" in aq
-    for pdl, waits in ((True, 2), (False, 0)):
+    for pdl, waits in ((True, 3), (False, 0)):
         cfg = GemmConfig(arch="sm_90a", tile_m=128, pdl=pdl)
         ptx = _ptx(jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / str(pdl))))
         assert ptx.count("griddepcontrol.wait;") == waits, pdl
