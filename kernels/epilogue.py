@@ -81,6 +81,11 @@ class HeadRowLayout:
 SM90_EPI_ROW_LAYOUT = HeadRowLayout(
     (("local", 0), ("local", 1), ("local", 2), ("local", 3), ("lane", 0), ("lane", 1), ("local", 4))
 )
+# With two epilogue warpgroups, 8 lanes a row: lane L holds columns 8L + {0..7} and
+# 64 + 8L + {0..7} (16 values, to fit half the registers); an MXFP4 block spans 4 lanes.
+SM90_EPI8_ROW_LAYOUT = HeadRowLayout(
+    (("local", 0), ("local", 1), ("local", 2), ("lane", 0), ("lane", 1), ("lane", 2), ("local", 3))
+)
 # SM100 tcgen05.ld 32x32b: one thread owns a whole row.
 SM100_ROW_LAYOUT = HeadRowLayout(tuple(("local", b) for b in range(7)))
 

@@ -42,6 +42,10 @@ class GemmConfig:
     # (the launch before it) still runs; it sets up, loads the first tile's weight blocks,
     # then waits for that grid before touching the activation or its scales.
     pdl: bool = True
+    # Warpgroups running the epilogue (RoPE, Hadamard, quantization) beside the mainloop.
+    # It is latency-bound with one warp per SM sub-partition; two halve each thread's
+    # share of a row (8 lanes a row instead of 4) so that twice the warps fit the registers.
+    epilogue_warpgroups: int = 1
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.

@@ -32,7 +32,9 @@ WARPGROUP = 128
 ROWS_PER_CONSUMER = 64
 SMEM_CAPACITY = 227 * 1024
 EPI_BUFFERS = 2  # bf16 tiles in flight between the consumers and the epilogue warpgroup
-EPI_ROWS_PER_PASS = 32  # 4 warps x 8 rows, 4 lanes a row
+# The epilogue's row layout by its warpgroup count: 4 lanes a row (32 values a thread),
+# or 8 lanes a row (16 values) so that two warpgroups fit the registers one had.
+EPI_LAYOUTS = {1: epi.SM90_EPI_ROW_LAYOUT, 2: epi.SM90_EPI8_ROW_LAYOUT}
 WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
 
 
@@ -47,6 +49,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         out = super().config_problems(config)
         if config.tile_m not in (64, 128):
             out.append(f"tile_m={config.tile_m} (sm_90a native: 64 or 128)")
+        if config.epilogue_warpgroups not in EPI_LAYOUTS:
+            out.append(f"epilogue_warpgroups={config.epilogue_warpgroups} (1 or 2)")
         if config.mma_per_promotion not in (1, 2, 4):
             out.append(f"mma_per_promotion={config.mma_per_promotion} (1, 2 or 4)")
         if config.cluster_m not in (1, 2) or config.cluster_n not in (1, 2):
@@ -76,22 +80,35 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         self.stages = config.stages or self.max_stages(config)
         self.tile_shape_mnk = (config.tile_m, epi.HEAD_DIM, SCALE_BLOCK_K)
         self.num_consumers = config.tile_m // ROWS_PER_CONSUMER
-        self.epi_wg = 1 + self.num_consumers
-        self.threads = WARPGROUP * (2 + self.num_consumers)
+        self.epi_wg = 1 + self.num_consumers  # the first epilogue warpgroup
+        self.epi_wgs = config.epilogue_warpgroups
+        self.threads = WARPGROUP * (1 + self.num_consumers + self.epi_wgs)
         self.split_k = config.split_k
         # The launch cluster: the K split's ranks, or the multicast partners.
         self.cluster_shape_mn = (config.split_k, 1) if config.split_k > 1 else (config.cluster_m, config.cluster_n)
-        # setmaxnreg budgets. They move registers inside the CTA's launch allocation (ptxas's
-        # entry register count x threads): a split that needs more makes the consumers'
-        # increase wait forever (seen on the H200). This assert is the upper bound;
-        # tests/test_compile.py checks the split against the entry count ptxas chose.
-        self.producer_regs = 40
-        self.epilogue_regs = 128
-        self.consumer_regs = 168 if self.num_consumers == 2 else 232
-        launch = (65536 // self.threads) // 8 * 8 * self.threads
-        total = WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs + self.epilogue_regs)
-        assert total <= launch, f"setmaxnreg budgets need {total} of {launch} registers"
-        self.row_layout = epi.SM90_EPI_ROW_LAYOUT
+        self.row_layout = EPI_LAYOUTS[self.epi_wgs]
+        self.lanes_per_row = self.row_layout.lanes_per_row
+        self.rows_per_pass = self.epi_wgs * WARPGROUP // self.lanes_per_row
+        self._split_registers()
+
+    def _split_registers(self):
+        """setmaxnreg budgets. They move registers inside the CTA's launch allocation
+        (ptxas's entry register count, 65536 / threads rounded down to 8, x threads): a
+        split that needs more makes the consumers' increase wait forever (seen on the
+        H200). tests/test_compile.py checks the split against the entry count ptxas chose."""
+        launch = (65536 // self.threads) // 8 * 8
+        pool = launch * self.threads
+        self.producer_regs = 40 if self.epi_wgs == 1 else 24
+        if self.num_consumers == 1:
+            self.consumer_regs = 232
+        else:  # two accumulators of 64 a thread, plus addressing
+            self.consumer_regs = 168 if self.epi_wgs == 1 else 160  # 152 spills
+        rest = pool - WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs)
+        self.epilogue_regs = min(128, rest // (WARPGROUP * self.epi_wgs) // 8 * 8)
+        total = WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs
+                             + self.epi_wgs * self.epilogue_regs)
+        assert total <= pool and self.epilogue_regs >= 64, (
+            f"setmaxnreg budgets: {total} of {pool} registers, epilogue {self.epilogue_regs}")
 
     def operand_args(self, m, n: int, k: int) -> list:
         """fp8 A [M, K], f32 activation scales [M, K/128], fp8 W [N, K], f32 W scales."""
@@ -283,7 +300,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             barrier_storage=storage.epi_mbar.data_ptr(),
             num_stages=EPI_BUFFERS,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumers * WARPGROUP),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, WARPGROUP),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_wgs * WARPGROUP),
             defer_sync=True,
         )
         reduce_full = storage.reduce_mbar.data_ptr()  # + slot, in rank 0
@@ -340,7 +357,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                     ab_pipeline, tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB,
                     a_mcast_mask, b_mcast_mask, k_begin, k_end, sched_params,
                 )
-        elif warpgroup == self.epi_wg:
+        elif warpgroup >= self.epi_wg:
             cute.arch.setmaxregister_decrease(self.epilogue_regs)
             if cta_rank == 0 or cutlass.const_expr(self.split_k == 1):  # K-split rank 0 writes
                 self._epilogue(
@@ -654,10 +671,13 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         layout = self.row_layout
         num_pos = cos_sin.shape[0]
         lane = cute.arch.lane_idx()
-        lane_in_row = lane % 4
-        row_in_pass = (etidx // 32) * 8 + lane // 4
+        lane_in_row = lane % self.lanes_per_row
+        row_in_pass = (etidx // 32) * (32 // self.lanes_per_row) + lane // self.lanes_per_row
         lane_cols = layout.column_lane_bits(lane_in_row)
-        passes = bm // EPI_ROWS_PER_PASS
+        passes = bm // self.rows_per_pass
+        # cos/sin rows are requested this many passes ahead; one when the epilogue has
+        # fewer than 128 registers (two warpgroups beside two consumers: 64, no spills)
+        ahead = 2 if self.epilogue_regs >= 128 else 1
         if cutlass.const_expr(self.config.pdl):
             # positions / cos_sin are read only after the previous grid (the quantizer),
             # so nothing launched before it can still be writing them; no cost: the
@@ -672,24 +692,50 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         while work.is_valid_tile:
             tile = work.tile_idx
             head = tile[1]
-            rows = [self._m_tile(tile) * bm + p * EPI_ROWS_PER_PASS + row_in_pass for p in range(passes)]
+            rows = [self._m_tile(tile) * bm + p * self.rows_per_pass + row_in_pass for p in range(passes)]
             # Everything below is one basic block (stores are predicated), and the cos/sin
             # rows are requested before the tile is ready, so their latency overlaps the wait.
             cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
-                  for p in range(min(2, passes) if self.config.epilogue else 0)]
+                  for p in range(min(ahead, passes) if self.config.epilogue else 0)]
             epi_pipeline.consumer_wait(epi_state)
             # The profiling probe (epilogue=False) only takes the tile and gives the buffer back.
-            for p in cutlass.range_constexpr(passes if self.config.epilogue else 0):
-                if cutlass.const_expr(p + 2 < passes):
-                    cs.append(epi.load_cos_sin(layout, rows[p + 2], m, num_pos, positions, cos_sin, lane_cols))
-                r = p * EPI_ROWS_PER_PASS + row_in_pass
-                vals = self._load_row(sQ, epi_state.index, r, layout, lane_cols)
-                epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
-                                      out_q, out_scale)
+            if cutlass.const_expr(self.config.epilogue):
+                tile_row0 = self._m_tile(tile) * bm
+                if tile_row0 + bm <= m:
+                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
+                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
+                else:
+                    # The last, partial tile: a warp skips the passes where all its rows
+                    # are past M (decode: M = 1 runs one warp's pass, not the whole tile's).
+                    warp_row0 = tile_row0 + cute.arch.make_warp_uniform(etidx // 32) * (32 // self.lanes_per_row)
+                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
+                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale,
+                                          warp_row0)
             epi_pipeline.consumer_release(epi_state)
             epi_state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
+
+    @cute.jit
+    def _epilogue_passes(self, sQ, buf, rows, cs, ahead, row_in_pass, lane_in_row, lane_cols, head, m,
+                         num_pos, positions, cos_sin, out_q, out_scale, warp_row0):
+        """The tile's passes of rows. warp_row0 None: a full tile, one basic block (stores
+        predicated); else each pass runs only in warps that hold a row below M."""
+        layout = self.row_layout
+        passes = len(rows)
+        for p in cutlass.range_constexpr(passes):
+            if cutlass.const_expr(p + ahead < passes):
+                cs.append(epi.load_cos_sin(layout, rows[p + ahead], m, num_pos, positions, cos_sin, lane_cols))
+            r = p * self.rows_per_pass + row_in_pass
+            if cutlass.const_expr(warp_row0 is None):
+                vals = self._load_row(sQ, buf, r, layout, lane_cols)
+                epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
+                                      out_q, out_scale)
+            else:
+                if warp_row0 + p * self.rows_per_pass < m:
+                    vals = self._load_row(sQ, buf, r, layout, lane_cols)
+                    epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
+                                          out_q, out_scale)
 
     def _load_row(self, sQ, buf, r, layout, lane_cols):
         """The thread's 32 bf16 values of row r (local order), as exact fp32."""

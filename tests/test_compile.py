@@ -47,7 +47,7 @@ def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, out_format, hadamard, tmp_pat
 
         k = Sm90FusedIndexerQ(cfg)
         entry = int(re.findall(r"Used (\d+) registers", rep)[-1])
-        split = WARPGROUP * (k.producer_regs + k.num_consumers * k.consumer_regs + k.epilogue_regs)
+        split = WARPGROUP * (k.producer_regs + k.num_consumers * k.consumer_regs + k.epi_wgs * k.epilogue_regs)
         assert split <= entry * k.threads, f"setmaxnreg split {split} > {entry} x {k.threads}"
 
 

@@ -233,3 +233,40 @@ def test_fused_dequantized_error_is_mxfp4s_own(big_cos_sin):
                                      hadamard=hadamard)
         err = ref.relative_error(ref.dequantize_fp4(q, s), exact)
         assert 0.08 < err < 0.14, f"hadamard={hadamard}: relative error {err}"
+
+
+TACTIC_CASES = ((1, 8192), (7, 1024), (130, 8192), (1000, 1024), (4096, 8192))
+
+
+@pytest.mark.parametrize("t,n", TACTIC_CASES)
+@pytest.mark.parametrize("out_format", ("mxfp4", "fp8"))
+def test_every_tactic_writes_the_same_bytes(t, n, out_format, big_cos_sin):
+    """Tile, cluster, epilogue warpgroups and PDL change where and when work runs, never
+    its arithmetic: every tactic without a K split must write exactly the bytes of the
+    plain one (and the plain one matches the reference, per the tests above); a K split
+    sums K blocks in another order and is held to near-agreement."""
+    _needs_sm90()
+
+    from indexer_q import prepare_weights
+    from indexer_q.tactics import Tactic, valid_tactics
+
+    k = 1536
+    seed = int.from_bytes(os.urandom(4), "little")
+    x = _inputs(t, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    opts = dict(hadamard=True, fp4_rounding="rne", out_format=out_format)
+    base = Tactic(tile_m=128, pdl=False)
+    bq, bs = _run_twice(x, weights, tactic=base, **opts)
+    extra = {Tactic(tile_m=tm, epilogue_warpgroups=2, cluster_m=cm) for tm in (64, 128) for cm in (1, 2)}
+    if out_format == "mxfp4":  # every candidate the tuner times, and the knobs on their own
+        tactics = set(valid_tactics("sm_90a", t, n, k)) | extra | {Tactic(tile_m=64, pdl=False)}
+    else:  # what differs for another format: the epilogue's row layout
+        tactics = {Tactic(tile_m=64), Tactic(tile_m=128)} | extra
+    for tactic in sorted(tactics, key=repr):
+        q, s = _run_twice(x, weights, tactic=tactic, **opts)
+        tag = f"M={t} N={n} {out_format} {tactic}"
+        if tactic.split_k == 1:
+            assert torch.equal(q.view(torch.uint8), bq.view(torch.uint8)), f"{tag}: bytes"
+            assert torch.equal(s, bs), f"{tag}: scales"
+        else:
+            assert (q.view(torch.uint8) == bq.view(torch.uint8)).double().mean().item() >= 0.99, tag

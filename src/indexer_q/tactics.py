@@ -31,6 +31,7 @@ class Tactic:
     pipelined_promotion: bool = False  # promote block k under block k+1's WGMMAs (tile_m 64)
     split_k: int = 1
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
+    epilogue_warpgroups: int = 1  # 2: twice the epilogue warps, 8 lanes a row
     # False: a profiling probe that runs the mainloop only and writes nothing (it
     # measures the epilogue's cost); never among valid_tactics.
     epilogue: bool = True
@@ -40,7 +41,8 @@ class Tactic:
 
         if self.kind not in ("native", "swap_ab"):
             fail("tactic.kind", '"native" or "swap_ab"', repr(self.kind))
-        for name in ("tile_m", "stages", "cluster_m", "cluster_n", "swizzle", "mma_per_promotion", "split_k"):
+        for name in ("tile_m", "stages", "cluster_m", "cluster_n", "swizzle", "mma_per_promotion", "split_k",
+                     "epilogue_warpgroups"):
             value = getattr(self, name)
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
@@ -48,7 +50,7 @@ class Tactic:
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
-                          ("mma_per_promotion", 1), ("split_k", 1)):
+                          ("mma_per_promotion", 1), ("split_k", 1), ("epilogue_warpgroups", 1)):
             if getattr(self, name) < low:
                 fail(f"tactic.{name}", f">= {low}", getattr(self, name))
 
