@@ -90,6 +90,7 @@ class FusedIndexerQGemmBase:
     arch: str = ""
     ptx_signature: tuple = ()  # (name, substring the compiled PTX must hold): CI checks it
     split_k_choices: tuple = (1,)  # K splits the kernel implements
+    epilogue_warpgroup_choices: tuple = (1,)  # epilogue warpgroup counts it implements
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -111,6 +112,9 @@ class FusedIndexerQGemmBase:
             out.append(f"kind {config.kind!r} not in {cls.supported_kinds}")
         if config.split_k not in cls.split_k_choices:
             out.append(f"split_k={config.split_k} (this kernel: {', '.join(map(str, cls.split_k_choices))})")
+        if config.epilogue_warpgroups not in cls.epilogue_warpgroup_choices:
+            out.append(f"epilogue_warpgroups={config.epilogue_warpgroups} "
+                       f"(this kernel: {', '.join(map(str, cls.epilogue_warpgroup_choices))})")
         if config.stages and not 2 <= config.stages <= cls.max_stages(config):
             out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out

@@ -8,11 +8,12 @@ into the main one with that block's scales (activation scale per row x weight sc
 per 128x128 block). The two consumers interleave, so one's promotion runs under the
 other's WGMMAs (DeepGEMM's sm90 scheme).
 
-The epilogue runs in its own warpgroup so that it overlaps the next tile's mainloop:
+The epilogue runs in its own warpgroup(s) so that it overlaps the next tile's mainloop:
 consumers round the finished tile to bf16 (SPEC step 2's rounding) into one of two
-shared-memory buffers and go on; the epilogue warpgroup reads it back 4 lanes per row
-and applies kernels/epilogue.py (RoPE, Hadamard, MXFP4 / FP8) and writes the outputs.
-Warpgroups: 0 = TMA producer, 1..C = MMA consumers, C+1 = epilogue.
+shared-memory buffers and go on; the epilogue warpgroups read it back (4 lanes a row
+with one warpgroup, 8 with two) and apply kernels/epilogue.py (RoPE, Hadamard, MXFP4 /
+FP8) and write the outputs.
+Warpgroups: 0 = TMA producer, 1..C = MMA consumers, C+1.. = epilogue.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
     arch = "sm_90a"
     supported_kinds = ("native",)
     split_k_choices = (1, 2, 4)  # rank 0 holds split_k - 1 partial tiles in shared memory
+    epilogue_warpgroup_choices = tuple(EPI_LAYOUTS)
     ptx_signature = ("wgmma.mma_async e4m3", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3")
 
     @classmethod
@@ -49,8 +51,6 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         out = super().config_problems(config)
         if config.tile_m not in (64, 128):
             out.append(f"tile_m={config.tile_m} (sm_90a native: 64 or 128)")
-        if config.epilogue_warpgroups not in EPI_LAYOUTS:
-            out.append(f"epilogue_warpgroups={config.epilogue_warpgroups} (1 or 2)")
         if config.mma_per_promotion not in (1, 2, 4):
             out.append(f"mma_per_promotion={config.mma_per_promotion} (1, 2 or 4)")
         if config.cluster_m not in (1, 2) or config.cluster_n not in (1, 2):
@@ -89,6 +89,11 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         self.row_layout = EPI_LAYOUTS[self.epi_wgs]
         self.lanes_per_row = self.row_layout.lanes_per_row
         self.rows_per_pass = self.epi_wgs * WARPGROUP // self.lanes_per_row
+        # 64-row tiles serve decode, where the partial tile is most of the work: their
+        # epilogue skips warps whose rows are all past M (~1 us at M <= 4 on the H200).
+        # 128-row tiles keep one branch-free copy of the epilogue: with the skip as a second
+        # copy, M = 16384 took 606 us instead of 560.
+        self.skip_rows_past_m = config.tile_m == 64
         self._split_registers()
 
     def _split_registers(self):
@@ -701,7 +706,10 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             # The profiling probe (epilogue=False) only takes the tile and gives the buffer back.
             if cutlass.const_expr(self.config.epilogue):
                 tile_row0 = self._m_tile(tile) * bm
-                if tile_row0 + bm <= m:
+                if cutlass.const_expr(not self.skip_rows_past_m):
+                    self._epilogue_passes(sQ, epi_state.index, rows, cs, ahead, row_in_pass, lane_in_row,
+                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
+                elif tile_row0 + bm <= m:
                     self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
                                           lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
                 else:

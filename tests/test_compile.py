@@ -27,10 +27,11 @@ def test_act_quant_compiles(arch, tmp_path):
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
-@pytest.mark.parametrize("tile_m", [64, 128])
+@pytest.mark.parametrize("tile_m,epilogue_warpgroups", [(64, 1), (128, 1), (64, 2), (128, 2)])
 @pytest.mark.parametrize("out_format,hadamard", [("mxfp4", True), ("fp8", False)])
-def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, out_format, hadamard, tmp_path):
-    cfg = GemmConfig(arch="sm_90a", tile_m=tile_m, out_format=out_format, hadamard=hadamard)
+def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, epilogue_warpgroups, out_format, hadamard, tmp_path):
+    cfg = GemmConfig(arch="sm_90a", tile_m=tile_m, out_format=out_format, hadamard=hadamard,
+                     epilogue_warpgroups=epilogue_warpgroups)
     ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
     ptx = _ptx(ck)
     assert ".target sm_90a" in ptx

@@ -93,6 +93,9 @@ def measure_copy_bandwidth() -> float:
     return 2 * src.numel() * src.element_size() / (us * 1e-6)
 
 
+PEER_MIN_M = 4  # the fewest tokens cuBLAS's block-scaled GEMM accepts on the H200
+
+
 def cublas_args(x):
     """torch._scaled_mm operands for the SPEC's block scales (see CUTEDSL-NOTES.md)."""
     a, sa = indexer_q.quantize_act_fp8(x["qr"])
@@ -161,9 +164,17 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
     for name, tac in (tactics or {}).items():
         row[f"fused[{name}]_us"] = time_graph(lambda i, t=tac: fused(i, t), n_sets)
     row["act_quant_us"] = time_graph(lambda i: indexer_q.quantize_act_fp8(sets[i]["qr"]), n_sets)
-    if peers and m > 1:  # cuBLAS rejects M = 1 (and on the H200 also M = 2, 3)
+    if peers:
+        # cuBLAS rejects M = 1, 2, 3 on the H200. An engine then pads the tokens, so the peers
+        # run there on inputs padded (outside the timing) to PEER_MIN_M rows: `peer_m` says so.
+        peer_sets = sets
+        if m < PEER_MIN_M:
+            peer_sets = [dict(x, qr=torch.nn.functional.pad(x["qr"], (0, 0, 0, PEER_MIN_M - m)),
+                              positions=torch.nn.functional.pad(x["positions"], (0, PEER_MIN_M - m)))
+                         for x in sets]
+            row["peer_m"] = PEER_MIN_M
         try:
-            cargs = [cublas_args(x) for x in sets]
+            cargs = [cublas_args(x) for x in peer_sets]
             run_cublas(cargs[0])
             torch.cuda.synchronize()
         except RuntimeError as exc:
@@ -171,7 +182,7 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
         else:
             row["cublas_gemm_us"] = time_graph(lambda i: run_cublas(cargs[i]), n_sets)
             if out_format == "mxfp4":
-                row["unfused_us"] = time_graph(lambda i: unfused_chain(sets[i], hadamard=hadamard), n_sets)
+                row["unfused_us"] = time_graph(lambda i: unfused_chain(peer_sets[i], hadamard=hadamard), n_sets)
     if peers and out_format == "mxfp4":
         # The reference reads values back to the host (checks, constants), which a graph
         # capture does not allow, so the torch chain is timed eagerly.
@@ -270,7 +281,9 @@ def write_outputs(env, rows, stem: Path, plots=True):
     lines = [f"# indexer-q bench, {env['date']}, {env['gpu']} ({env['sms']} SMs), torch {env['torch']}, "
              f"CUDA {env['cuda']}, CuTe DSL {env['cutlass_dsl']}, Triton {env['triton']}", "",
              f"Copy bandwidth measured in this run: {env['copy_bandwidth_TBps']:.2f} TB/s. Microseconds "
-             "(CUDA graphs, cold L2, median); ratios are fused / peer (below 1 = fused faster).", "",
+             "(CUDA graphs, cold L2, median); ratios are fused / peer (below 1 = fused faster). "
+             f"M marked * : cuBLAS refuses it, so the unfused and cuBLAS peers ran on inputs padded to "
+             f"{PEER_MIN_M} rows, as an engine would pad them.", "",
              "| shape | format | M | fused | unfused | cuBLAS GEMM | torch | floor | /unfused | /cuBLAS | /floor |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
@@ -278,7 +291,8 @@ def write_outputs(env, rows, stem: Path, plots=True):
         return f"{r[k]:.{d}f}" if k in r else "-"
 
     for r in rows:
-        lines.append(f"| {r['shape']} | {r['out_format']} | {r['M']} | {fmt(r, 'fused_us')} | {fmt(r, 'unfused_us')} | "
+        m_mark = f"{r['M']}*" if "peer_m" in r else f"{r['M']}"
+        lines.append(f"| {r['shape']} | {r['out_format']} | {m_mark} | {fmt(r, 'fused_us')} | {fmt(r, 'unfused_us')} | "
                      f"{fmt(r, 'cublas_gemm_us')} | {fmt(r, 'torch_us')} | {fmt(r, 'floor_us')} | "
                      f"{fmt(r, 'fused_over_unfused', 2)} | {fmt(r, 'fused_over_cublas_gemm', 2)} | "
                      f"{fmt(r, 'fused_over_floor', 2)} |")

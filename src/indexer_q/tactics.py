@@ -95,16 +95,21 @@ def kernel_class(arch: str):
 
 
 def _candidates():
-    """Speed knobs worth timing. Left out: finer promotion (mma_per_promotion < 4 buys
-    accuracy, never speed: 1.1x / 1.3x the time) and 2x2 clusters (too few resident
-    clusters: 1.9x the time) and pipelined promotion (V4-Pro on the H200: 168 us at
-    M = 4096 and 670 us at M = 16384, against 157 / 649 us for plain 64-row tiles and
-    136 / 574 us for 128-row tiles; 5-7% faster than plain 64-row tiles at M = 1 and 128);
-    all remain valid Tactics for experts."""
-    for tile_m, (cm, cn) in itertools.product((64, 128), ((1, 1), (2, 1), (1, 2))):
-        yield Tactic(tile_m=tile_m, cluster_m=cm, cluster_n=cn)
-    for split in (2, 4):  # small M: more CTAs streaming the weight, partials reduced in a cluster
-        yield Tactic(tile_m=64, split_k=split)
+    """Speed knobs worth timing: 64- and 128-row tiles with one or two epilogue
+    warpgroups, the cluster shapes that won somewhere on the H200 (64-row tiles
+    multicasting the weight, 128-row tiles multicasting the activation) and a K split in
+    4 (TP8 decode). Left out: finer promotion (mma_per_promotion < 4 buys accuracy, never
+    speed: 1.1x / 1.3x the time), 2x2 clusters (too few resident clusters: 1.9x the time),
+    pipelined promotion (V4-Pro on the H200: 168 us at M = 4096 and 670 us at M = 16384,
+    against 157 / 649 us for plain 64-row tiles and 136 / 574 us for 128-row tiles) and a
+    K split in 2 (never won); all remain valid Tactics for experts."""
+    for tile_m, ewg in itertools.product((64, 128), (1, 2)):
+        yield Tactic(tile_m=tile_m, epilogue_warpgroups=ewg)
+        if tile_m == 64:
+            yield Tactic(tile_m=64, cluster_m=2, epilogue_warpgroups=ewg)
+        else:
+            yield Tactic(tile_m=128, cluster_n=2, epilogue_warpgroups=ewg)
+    yield Tactic(tile_m=64, split_k=4, epilogue_warpgroups=2)
 
 
 def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
@@ -135,4 +140,7 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
     if arch == "sm_100a":
         return Tactic(tile_m=128)
     tiles_of_128 = -(-m // 128) * (n // 128)
-    return Tactic(tile_m=64 if tiles_of_128 <= SM90_SMS // 2 else 128)
+    if tiles_of_128 <= SM90_SMS // 2:
+        # two epilogue warpgroups: 0.4-0.9 us less than one at M = 1..128 (H200, all shapes)
+        return Tactic(tile_m=64, epilogue_warpgroups=2)
+    return Tactic(tile_m=128)
