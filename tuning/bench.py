@@ -42,6 +42,19 @@ QUICK_MS = [1, 128, 4096, 16384]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def cold_input_sets(m: int, n: int, k: int, n_sets: int, seed: int = 0) -> list:
+    """n_sets copies of one random problem, each in its own GPU memory: a cold L2 needs
+    distinct addresses, not distinct values, and drawing random numbers on the CPU was
+    most of a sweep's time (a fresh problem per set and per tactic)."""
+    x = make_inputs(m, n, k, p=4096, seed=seed, device="cuda")
+    return [x] + [{name: t.clone() for name, t in x.items()} for _ in range(n_sets - 1)]
+
+
+def n_cold_sets(m: int, n: int, k: int) -> int:
+    """Input sets that together take more than 3x the L2."""
+    return max(2, math.ceil(3 * L2_BYTES / (m * k * 2 + n * k + m * n)))
+
+
 def time_graph(call, n_sets: int, reps: int = 20, replays: int = 15) -> float:
     """Median microseconds per call of `call(i)` (i = input set), replayed in a graph."""
     stream = torch.cuda.Stream()
@@ -143,9 +156,8 @@ def problem_bytes(m, n, k, out_format="mxfp4") -> int:
 
 
 def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None, peers=True) -> dict:
-    one_set = m * k * 2 + n * k + m * n
-    n_sets = max(2, math.ceil(3 * L2_BYTES / one_set))
-    sets = [make_inputs(m, n, k, p=4096, seed=s, device="cuda") for s in range(n_sets)]
+    n_sets = n_cold_sets(m, n, k)
+    sets = cold_input_sets(m, n, k, n_sets)
     weights = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
     row = {"M": m, "N": n, "K": k, "hadamard": hadamard, "out_format": out_format}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -29,24 +28,52 @@ TABLES = Path(__file__).resolve().parent / "tables"
 MIN_CODES_EQUAL = 0.997  # tests/test_kernel_sm90.py: what Hopper reaches with the Hadamard on
 
 
-def check(tactic, m, n, k) -> float:
-    x = make_inputs(m, n, k, p=4096, seed=m, device="cuda")
-    w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
-    q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True, tactic=tactic)
-    rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"],
-                                 hadamard=True)
-    return (fp4_signed_codes(q) == fp4_signed_codes(rq)).double().mean().item()
+class Checker:
+    """Agreement of a tactic's codes with the reference at CHECK_M tokens; the inputs and
+    the reference's answer are made once per table."""
+
+    def __init__(self, n, k):
+        self.x = make_inputs(CHECK_M, n, k, p=4096, seed=CHECK_M, device="cuda")
+        self.w = indexer_q.prepare_weights(self.x["weight"], self.x["weight_scale"])
+        x = self.x
+        rq, _ = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"],
+                                    hadamard=True)
+        self.ref_codes = fp4_signed_codes(rq)
+
+    def __call__(self, tactic) -> float:
+        x = self.x
+        q, _ = indexer_q.fused_indexer_q(x["qr"], self.w, x["positions"], x["cos_sin"], hadamard=True,
+                                         tactic=tactic)
+        return (fp4_signed_codes(q) == self.ref_codes).double().mean().item()
 
 
-def time_tactic(tactic, m, n, k) -> float:
-    from tuning.bench import L2_BYTES, time_graph
+def time_tactic(tactic, sets, weights) -> float:
+    from tuning.bench import time_graph
 
-    n_sets = max(2, math.ceil(3 * L2_BYTES / (m * k * 2 + n * k + m * n)))
-    sets = [make_inputs(m, n, k, p=4096, seed=s, device="cuda") for s in range(n_sets)]
-    ws = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
-    return time_graph(lambda i: indexer_q.fused_indexer_q(sets[i]["qr"], ws[i], sets[i]["positions"],
+    return time_graph(lambda i: indexer_q.fused_indexer_q(sets[i]["qr"], weights[i], sets[i]["positions"],
                                                           sets[i]["cos_sin"], hadamard=True, tactic=tactic),
-                      n_sets)
+                      len(sets), replays=7)
+
+
+def _compile_one(job):
+    from indexer_q import jit
+
+    config, n, k = job
+    jit.compile_fused(config, n, k)
+
+
+def precompile(tactics, n, k, arch) -> None:
+    """Compile every candidate at once in worker processes (each fills the disk cache the
+    tuner then loads from): one after another, compiling was a minute of each table."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    probe = dict(hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4", positions_dtype="int64")
+    jobs = [(t.to_config(arch, **probe), n, k) for t in tactics]
+    workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        list(ex.map(_compile_one, jobs))
 
 
 def choose(timings: dict, default) -> object:
@@ -57,7 +84,7 @@ def choose(timings: dict, default) -> object:
     return best
 
 
-MAX_REFINE = 6  # extra M points where winners change
+MAX_REFINE = 4  # extra M points where winners change
 NOISE = 0.03  # timing differences below this are noise (two runs agree to ~1-2%)
 
 
@@ -73,17 +100,21 @@ def _clear_change(ra, rb) -> bool:
 CHECK_M = 1000  # rows per correctness check: partial tiles for both tile sizes
 
 
-def profile(m, n, k, arch, log, checked: dict) -> tuple:
+def profile(m, n, k, arch, log, checked: dict, checker) -> tuple:
     """Time every valid tactic at M; each is checked against the reference (once per
     table, at CHECK_M tokens, before its first timing) and dropped if it disagrees."""
+    from tuning.bench import cold_input_sets, n_cold_sets
+
+    sets = cold_input_sets(m, n, k, n_cold_sets(m, n, k))
+    weights = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
     timings = {}
     for tactic in valid_tactics(arch, m, n, k):
         if tactic not in checked:
-            checked[tactic] = check(tactic, CHECK_M, n, k)
+            checked[tactic] = checker(tactic)
         if checked[tactic] < MIN_CODES_EQUAL:
             log(f"  {tactic}: REJECTED, {checked[tactic]:.5f} codes equal")
             continue
-        timings[tactic] = time_tactic(tactic, m, n, k)
+        timings[tactic] = time_tactic(tactic, sets, weights)
     winner = choose(timings, heuristic(arch, m, n, k))
     return winner, timings
 
@@ -93,6 +124,8 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     n = 8192 // tp
     results = {}
     checked: dict = {}
+    precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k)}, key=repr), n, k, arch)
+    checker = Checker(n, k)
     refined = 0
     todo = list(buckets)
     done = 0
@@ -100,7 +133,7 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
         m = todo.pop(0)
         done += 1
         sys.stderr.write(f"\r[tune {model} tp{tp}] M={m:<6} ({done} profiled, {len(todo)} queued)   ")
-        results[m] = profile(m, n, k, arch, log, checked)
+        results[m] = profile(m, n, k, arch, log, checked, checker)
         ms = sorted(results)
         for a, b in zip(ms, ms[1:]):  # refine where the winner changes by more than noise
             mid = (a + b) // 2
