@@ -10,7 +10,8 @@ Contenders, per (shape, M):
   unfused          the chain a Hopper engine runs today: activation quantization (our
                    kernel), cuBLAS block-scaled FP8 GEMM (torch._scaled_mm, 1x128 /
                    128x128 scales, bf16 out), the Triton RoPE + Hadamard + MXFP4 kernel
-                   (tuning/peers); cuBLAS rejects M = 1
+                   (tuning/peers); cuBLAS rejects M not a multiple of 4, so
+                   the peers run on inputs padded to one (as an engine would)
   cublas_gemm      cuBLAS's GEMM alone, on pre-quantized activations
   torch            the reference ops on the GPU (step 2 in float64)
   floor            max(bytes / measured copy bandwidth, FLOPs / FP8 peak)
@@ -106,7 +107,7 @@ def measure_copy_bandwidth() -> float:
     return 2 * src.numel() * src.element_size() / (us * 1e-6)
 
 
-PEER_MIN_M = 4  # the fewest tokens cuBLAS's block-scaled GEMM accepts on the H200
+PEER_M_MULTIPLE = 4  # cuBLAS's block-scaled GEMM on the H200 takes M in multiples of 4 only
 
 
 def cublas_args(x):
@@ -177,14 +178,16 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
         row[f"fused[{name}]_us"] = time_graph(lambda i, t=tac: fused(i, t), n_sets)
     row["act_quant_us"] = time_graph(lambda i: indexer_q.quantize_act_fp8(sets[i]["qr"]), n_sets)
     if peers:
-        # cuBLAS rejects M = 1, 2, 3 on the H200. An engine then pads the tokens, so the peers
-        # run there on inputs padded (outside the timing) to PEER_MIN_M rows: `peer_m` says so.
+        # cuBLAS's block-scaled GEMM rejects M that is not a multiple of 4 on the H200 (1, 2,
+        # 3, 13, ...). An engine then pads the tokens, so the peers run there on inputs
+        # padded (outside the timing) to the next multiple: `peer_m` says so.
         peer_sets = sets
-        if m < PEER_MIN_M:
-            peer_sets = [dict(x, qr=torch.nn.functional.pad(x["qr"], (0, 0, 0, PEER_MIN_M - m)),
-                              positions=torch.nn.functional.pad(x["positions"], (0, PEER_MIN_M - m)))
+        peer_m = -(-m // PEER_M_MULTIPLE) * PEER_M_MULTIPLE
+        if peer_m != m:
+            peer_sets = [dict(x, qr=torch.nn.functional.pad(x["qr"], (0, 0, 0, peer_m - m)),
+                              positions=torch.nn.functional.pad(x["positions"], (0, peer_m - m)))
                          for x in sets]
-            row["peer_m"] = PEER_MIN_M
+            row["peer_m"] = peer_m
         try:
             cargs = [cublas_args(x) for x in peer_sets]
             run_cublas(cargs[0])
@@ -295,7 +298,7 @@ def write_outputs(env, rows, stem: Path, plots=True):
              f"Copy bandwidth measured in this run: {env['copy_bandwidth_TBps']:.2f} TB/s. Microseconds "
              "(CUDA graphs, cold L2, median); ratios are fused / peer (below 1 = fused faster). "
              f"M marked * : cuBLAS refuses it, so the unfused and cuBLAS peers ran on inputs padded to "
-             f"{PEER_MIN_M} rows, as an engine would pad them.", "",
+             f"the next multiple of {PEER_M_MULTIPLE} rows, as an engine would pad them.", "",
              "| shape | format | M | fused | unfused | cuBLAS GEMM | torch | floor | /unfused | /cuBLAS | /floor |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
