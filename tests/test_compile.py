@@ -19,6 +19,17 @@ def _ptx(ck) -> str:
         return f.read()
 
 
+def _ptxas_report(ck, arch: str) -> str:
+    """ptxas -v's resource report for the kernel's PTX; skips when this ptxas is older
+    than the PTX ISA the DSL emits (it cannot judge registers or spills then)."""
+    p = subprocess.run(["ptxas", f"-arch={arch}", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
+                       capture_output=True, text=True)
+    if p.returncode and "Unsupported .version" in p.stderr:
+        pytest.skip(f"ptxas too old for this PTX: {p.stderr.strip()[:120]}")
+    assert p.returncode == 0, p.stderr
+    return p.stderr
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_act_quant_compiles(arch, tmp_path):
     ck = jit.compile_act_quant(arch, keep_dir=str(tmp_path))
@@ -38,8 +49,7 @@ def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, epilogue_warpgroups, out_form
     assert WGMMA_E4M3 in ptx
     assert "setmaxnreg" in ptx  # warp-specialized register split
     if shutil.which("ptxas"):  # the resource report
-        rep = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
-                             capture_output=True, text=True, check=True).stderr
+        rep = _ptxas_report(ck, "sm_90a")
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)]
         assert spills and max(spills) == 0, rep  # no spills, ever
         # setmaxnreg only moves registers inside the CTA's launch allocation (the entry
@@ -61,22 +71,49 @@ def test_sm90_pipelined_promotion_keeps_one_wgmma_group_in_flight(tmp_path):
     ptx = _ptx(ck)
     assert ptx.count(WGMMA_E4M3) == 12 * 4  # every K block's WGMMAs, unrolled
     assert "wgmma.wait_group.sync.aligned 1;" in " ".join(ptx.split())
-    rep = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
-                         capture_output=True, text=True, check=True).stderr
+    rep = _ptxas_report(ck, "sm_90a")
     assert "C7514" not in rep, rep
     assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
 
 
-def test_sm90_pdl_waits_for_the_activation_quantizer(tmp_path):
-    """PDL: the quantizer lets the GEMM launch early; the GEMM's producer requests the
-    first weight blocks, then waits (griddepcontrol.wait) before any activation load, and
-    the consumers wait before reading the activation scales. pdl=False has no wait."""
+def _role_regions(ptx: str) -> dict:
+    """The kernel's PTX cut at each setmaxnreg, keyed by the register count it sets (each
+    warp role's code follows its own setmaxnreg)."""
+    parts = re.split(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)
+    return {int(regs): code for regs, code in zip(parts[1::2], parts[2::2])}
+
+
+@pytest.mark.parametrize("tile_m,epilogue_warpgroups,split_k", [(128, 1, 1), (64, 2, 1), (64, 2, 4)])
+def test_sm90_pdl_waits_for_the_activation_quantizer(tile_m, epilogue_warpgroups, split_k, tmp_path):
+    """PDL: the quantizer lets the GEMM launch early. In the GEMM, the producer issues
+    only the first tile's weight blocks (one a stage; none in a K split) before
+    griddepcontrol.wait, and the consumers (activation scales) and the epilogue
+    (positions, cos/sin) load nothing from global memory before theirs. pdl=False has no
+    wait."""
+    from indexer_q.kernels.gemm_sm90 import Sm90FusedIndexerQ
+
     aq = _ptx(jit.compile_act_quant("sm_90a", keep_dir=str(tmp_path / "aq")))
     assert "griddepcontrol.launch_dependents;" in aq
-    for pdl, waits in ((True, 3), (False, 0)):
-        cfg = GemmConfig(arch="sm_90a", tile_m=128, pdl=pdl)
+    for pdl in (True, False):
+        cfg = GemmConfig(arch="sm_90a", tile_m=tile_m, epilogue_warpgroups=epilogue_warpgroups,
+                         split_k=split_k, pdl=pdl)
         ptx = _ptx(jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / str(pdl))))
-        assert ptx.count("griddepcontrol.wait;") == waits, pdl
+        if not pdl:
+            assert "griddepcontrol.wait;" not in ptx
+            continue
+        k = Sm90FusedIndexerQ(cfg)
+        regions = _role_regions(ptx)
+        roles = {"producer": k.producer_regs, "consumer": k.consumer_regs, "epilogue": k.epilogue_regs}
+        assert len(set(roles.values())) == 3 and set(roles.values()) <= set(regions), (roles, list(regions))
+        for role, regs in roles.items():
+            code = regions[regs]
+            assert "griddepcontrol.wait;" in code, role
+            before = code.split("griddepcontrol.wait;")[0]  # (ptxas may duplicate a path)
+            if role == "producer":
+                early = 0 if split_k > 1 else min(k.stages, 1536 // 128)
+                assert before.count("cp.async.bulk.tensor") == early, before.count("cp.async.bulk.tensor")
+            else:
+                assert "ld.global" not in before and "cp.async.bulk.tensor" not in before, role
 
 
 @pytest.mark.parametrize("split_k", [2, 4])
@@ -89,8 +126,7 @@ def test_sm90_split_k_reduces_through_distributed_shared_memory(split_k, tmp_pat
     assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32") == 16
     assert "mbarrier.arrive.release.cluster.shared::cluster.b64" in ptx
     if shutil.which("ptxas"):
-        rep = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
-                             capture_output=True, text=True, check=True).stderr
+        rep = _ptxas_report(ck, "sm_90a")
         assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
 
 
@@ -107,8 +143,7 @@ def test_sm100_fused_compiles_to_tcgen05_block_scaled_mma(out_format, hadamard, 
         assert op in ptx, op
     assert Sm100FusedIndexerQ.ptx_signature[1] in ptx
     if shutil.which("ptxas"):
-        rep = subprocess.run(["ptxas", "-arch=sm_100a", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
-                             capture_output=True, text=True, check=True).stderr
+        rep = _ptxas_report(ck, "sm_100a")
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)]
         assert spills and max(spills) == 0, rep
 

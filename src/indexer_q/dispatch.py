@@ -50,13 +50,16 @@ def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
 _ACT_QUANT: dict = {}  # device -> compiled activation quantizer
 
 
-def run_act_quant(qr):
-    """SPEC step 1 on the GPU; returns (a_fp8 [T, K], scale float32 [T, K/128])."""
+def run_act_quant(qr, out=None):
+    """SPEC step 1 on the GPU; returns (a_fp8 [T, K], scale float32 [T, K/128]), written
+    into `out` when given (tests poison it to catch a GEMM that reads it too early)."""
     from . import jit
 
     t, k = qr.shape
-    a_fp8 = torch.empty(t, k, dtype=torch.float8_e4m3fn, device=qr.device)
-    scale = torch.empty(t, k // 128, dtype=torch.float32, device=qr.device)
+    if out is None:
+        out = (torch.empty(t, k, dtype=torch.float8_e4m3fn, device=qr.device),
+               torch.empty(t, k // 128, dtype=torch.float32, device=qr.device))
+    a_fp8, scale = out
     kernel = _ACT_QUANT.get(qr.device)
     if kernel is None:
         kernel = _ACT_QUANT.setdefault(qr.device, jit.compile_act_quant(_arch_of(qr.device)))
@@ -99,9 +102,11 @@ def tactic_json(tactic) -> str:
 
 
 def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_format, tactic=None,
-              out=None, verified_only=True):
+              out=None, verified_only=True, act_out=None):
     """Launch on already-validated inputs; returns (q, q_scale) as api.fused_indexer_q documents.
     `out`: preallocated (q, q_scale) of the right dtype/shape (tests poison them);
+    `act_out`: the same for the quantized activation and its scales (tests poison them:
+    with PDL the GEMM may start before the quantizer has written them);
     `verified_only=False` lets tests run formats not yet verified on hardware."""
     from . import jit
 
@@ -117,7 +122,7 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
         config = tactic.to_config(arch, hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
                                   positions_dtype="int64" if positions.dtype == torch.int64 else "int32")
         kernel = _FUSED.setdefault(key, jit.compile_fused(config, n, k))
-    a_fp8, a_scale = run_act_quant(qr)
+    a_fp8, a_scale = run_act_quant(qr, act_out)
     dev = qr.device
     if out is None:
         from .reference import empty_outputs
