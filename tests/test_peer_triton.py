@@ -1,5 +1,6 @@
-"""The Triton peer (RoPE + Hadamard + MXFP4 after a GEMM) computes SPEC steps 3-5 bit for
-bit like the reference. On the CPU it runs in Triton's interpreter."""
+"""The Triton peer (RoPE + Hadamard + MXFP4 after a GEMM) computes SPEC steps 3 and 5 bit
+for bit like the reference, and step 4 with the tensor core's fp32 sum (another order than
+the reference's butterfly). On the CPU it runs in Triton's interpreter."""
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ def test_peer_matches_reference_steps_3_to_5(hadamard, rounding):
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
-    t, n, p = 37, 256, 50
+    t, n, p = 70, 256, 50  # two token tiles, the second partial
     q = (torch.randn(t, n, generator=g) * torch.rand(t, 1, generator=g) * 30).to(torch.bfloat16)
     q[0, :32] = 0  # amax floor
     positions = torch.randint(-3, p + 3, (t,), generator=g)  # some out of range
@@ -33,5 +34,13 @@ def test_peer_matches_reference_steps_3_to_5(hadamard, rounding):
     x = ref.apply_rope(q.reshape(t, -1, 128), positions, cos_sin)
     x = ref.hadamard_128(x) if hadamard else x
     want = ref.quantize_mxfp4(x, rounding)
-    assert torch.equal(got[0].cpu(), want[0])
-    assert torch.equal(got[1].cpu(), want[1])
+    if not hadamard:
+        assert torch.equal(got[0].cpu(), want[0])
+        assert torch.equal(got[1].cpu(), want[1])
+        return
+    # Another fp32 summation order moves a bf16 value only at a rounding boundary: nearly
+    # every code and scale byte agrees, and a code that differs is one step away.
+    from indexer_q.testing import compare_outputs
+
+    agree = compare_outputs("mxfp4", got, want)
+    assert agree["codes_equal"] >= 0.999 and agree["scales_equal"] >= 0.999 and agree["max_step"] <= 1, agree
