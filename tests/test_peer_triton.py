@@ -1,6 +1,7 @@
-"""The Triton peer (RoPE + Hadamard + MXFP4 after a GEMM) computes SPEC steps 3 and 5 bit
-for bit like the reference, and step 4 with the tensor core's fp32 sum (another order than
-the reference's butterfly). On the CPU it runs in Triton's interpreter."""
+"""The Triton peer (RoPE + Hadamard + MXFP4 after a GEMM): its butterfly kernel computes
+SPEC steps 3-5 bit for bit like the reference; its tensor-core kernel steps 3 and 5, and
+step 4 with the tensor core's fp32 sum (another order than the reference's butterfly).
+On the CPU it runs in Triton's interpreter."""
 from __future__ import annotations
 
 import os
@@ -15,9 +16,10 @@ triton = pytest.importorskip("triton")
 from indexer_q import reference as ref  # noqa: E402
 
 
+@pytest.mark.parametrize("method", ["butterfly", "tensor_core"])
 @pytest.mark.parametrize("hadamard", [False, True])
 @pytest.mark.parametrize("rounding", ["floor-ties", "rne"])
-def test_peer_matches_reference_steps_3_to_5(hadamard, rounding):
+def test_peer_matches_reference_steps_3_to_5(hadamard, rounding, method):
     import tuning.peers.triton_rope_hadamard_mxfp4 as peer
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -30,11 +32,11 @@ def test_peer_matches_reference_steps_3_to_5(hadamard, rounding):
 
     cos_sin = rope_cos_sin_table(p)
     got = peer.rope_hadamard_mxfp4(q.to(dev), positions.to(dev), cos_sin.to(dev), hadamard=hadamard,
-                                   fp4_rounding=rounding)
+                                   fp4_rounding=rounding, method=method)
     x = ref.apply_rope(q.reshape(t, -1, 128), positions, cos_sin)
     x = ref.hadamard_128(x) if hadamard else x
     want = ref.quantize_mxfp4(x, rounding)
-    if not hadamard:
+    if not hadamard or method == "butterfly":
         assert torch.equal(got[0].cpu(), want[0])
         assert torch.equal(got[1].cpu(), want[1])
         return

@@ -1,21 +1,25 @@
-"""The strongest unfused peer's last stage: one Triton kernel for RoPE + Hadamard +
-MXFP4 on the bf16 GEMM output (what tokenspeed runs after its GEMM).
+"""The strongest unfused peer's last stage: RoPE + Hadamard + MXFP4 on the bf16 GEMM
+output (what tokenspeed runs after its GEMM), as one Triton kernel launch. Two kernels,
+the faster one picked by T (both timed on the H200):
 
-Made to run at memory speed:
-- q is read as 32-bit words, each one (even, odd) pair of bf16, so RoPE pairs and the
-  MXFP4 nibble pairs come out of one contiguous load with no shuffling;
-- the Hadamard runs on the tensor cores: every value it sees is exactly a bf16 (step 3
-  rounds to bf16, dims 0..63 are the GEMM's bf16), the matrix entries are +-1, so
-  bf16 dots with fp32 accumulation give SPEC step 4's sum. The matrix's rows are
-  permuted to match the operands as loaded ([dims 0..63 | RoPE x | RoPE y]), three dots
-  of one head's tokens against it, no butterfly shuffles;
-- a program takes 64 tokens of one head (a loop over heads that loads the matrix once,
-  and 32-bit stores of the packed codes, were slower on the H200).
+- `butterfly_kernel` (T < 2048): 16 tokens of one head a program, the Hadamard as the
+  reference's fp32 butterfly (reshape / split / join per stage). SPEC steps 3-5 bit for
+  bit like indexer_q.reference.
+- `tensor_core_kernel` (T >= 2048; 380 against 441 us at T = 16384, N = 8192): q read
+  as 32-bit words, each an (even, odd) bf16 pair, so RoPE pairs and nibble pairs come
+  from one contiguous load; the Hadamard on the tensor cores. Every value it sees is
+  exactly a bf16 (step 3 rounds to bf16, dims 0..63 are the GEMM's bf16) and the entries
+  are +-1, so three bf16 dots with fp32 accumulation, against the matrix with its rows
+  permuted to the operands' order ([dims 0..63 | RoPE x | RoPE y]), are step 4's sum.
+  The SPEC fixes only "accumulated in fp32": the tensor core's order differs from the
+  butterfly's in the last fp32 bit of some sums, which moves a bf16 result (and rarely
+  a code) only at a rounding boundary. On the H200 its bytes matched the reference's
+  exactly at T = 3 and 1000.
 
-Steps 3 and 5 are bit for bit the reference's (no FMA contraction, exact divisions).
-Step 4's fp32 sum is the tensor core's, not the reference's butterfly order: the SPEC
-fixes only "accumulated in fp32", and the two differ in the last fp32 bit of some sums,
-which moves a bf16 result (and rarely a code) only at a rounding boundary.
+Neither reaches the memory floor: at T = 16384, N = 8192 (335 MB moved) the faster takes
+~380 us, ~0.9 TB/s, where a device copy moves 4.2 TB/s. Tried and slower: a loop over
+8 heads a program (the matrix loaded once), 8 warps, 32-bit stores of the packed codes,
+8 column groups of 16 (24 small dots a head).
 """
 from __future__ import annotations
 
@@ -25,6 +29,17 @@ import triton.language as tl
 
 HADAMARD_SCALE = tl.constexpr(128.0 ** -0.5)  # a global a jitted function may read
 BLOCK_T = 64  # tokens a program (the tensor core's M)
+
+
+@triton.jit
+def _butterfly(x, BLOCK_T: tl.constexpr, H: tl.constexpr):
+    # pairs (i, i + H) with bit H of i clear -> (a + b, a - b)
+    x = tl.reshape(x, (BLOCK_T, 64 // H, 2, H))
+    x = tl.permute(x, (0, 1, 3, 2))
+    a, b = tl.split(x)
+    x = tl.join(a + b, a - b)
+    x = tl.permute(x, (0, 1, 3, 2))
+    return tl.reshape(x, (BLOCK_T, 128))
 
 
 @triton.jit
@@ -90,7 +105,7 @@ def _dot(a, b, acc, DOT: tl.constexpr):
 
 
 @triton.jit
-def rope_hadamard_mxfp4_kernel(
+def tensor_core_kernel(
     q_ptr, pos_ptr, cs_ptr, hs_ptr, out_ptr, scale_ptr, T, N, P,
     HADAMARD: tl.constexpr, RNE: tl.constexpr, BLOCK_T: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -137,6 +152,71 @@ def rope_hadamard_mxfp4_kernel(
     _mxfp4_store(ev, od, out_ptr, scale_ptr, rows, row_ok, N, head, BLOCK_T, RNE)
 
 
+@triton.jit
+def butterfly_kernel(
+    q_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, T, N, P,
+    HADAMARD: tl.constexpr, RNE: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    head = tl.program_id(1)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < T
+    cols = tl.arange(0, 128)
+    x = tl.load(q_ptr + rows[:, None] * N + head * 128 + cols[None, :], mask=row_ok[:, None], other=0.0)
+    x = x.to(tl.float32)
+
+    # RoPE on the last 64 dims, interleaved pairs; identity for positions outside [0, P)
+    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    pos_ok = (pos >= 0) & (pos < P)
+    safe = tl.where(pos_ok, pos, 0)
+    pair = tl.arange(0, 32)
+    c = tl.load(cs_ptr + safe[:, None] * 64 + pair[None, :], mask=row_ok[:, None], other=1.0)
+    s = tl.load(cs_ptr + safe[:, None] * 64 + 32 + pair[None, :], mask=row_ok[:, None], other=0.0)
+    c = tl.where(pos_ok[:, None], c, 1.0)
+    s = tl.where(pos_ok[:, None], s, 0.0)
+    halves = tl.reshape(x, (BLOCK_T, 2, 64))
+    halves = tl.permute(halves, (0, 2, 1))
+    first, rope = tl.split(halves)  # [T, 64] each
+    xy = tl.reshape(rope, (BLOCK_T, 32, 2))
+    rx, ry = tl.split(xy)
+    nx = _round_bf16(rx * c - ry * s)
+    ny = _round_bf16(rx * s + ry * c)
+    rope = tl.reshape(tl.join(nx, ny), (BLOCK_T, 64))
+    x = tl.reshape(tl.permute(tl.join(first, rope), (0, 2, 1)), (BLOCK_T, 128))
+
+    if HADAMARD:
+        x = _butterfly(x, BLOCK_T, 1)
+        x = _butterfly(x, BLOCK_T, 2)
+        x = _butterfly(x, BLOCK_T, 4)
+        x = _butterfly(x, BLOCK_T, 8)
+        x = _butterfly(x, BLOCK_T, 16)
+        x = _butterfly(x, BLOCK_T, 32)
+        x = _butterfly(x, BLOCK_T, 64)
+        x = _round_bf16(x * HADAMARD_SCALE)
+
+    # MXFP4: 4 blocks of 32 per head
+    xb = tl.reshape(x, (BLOCK_T, 4, 32))
+    amax = tl.maximum(tl.max(tl.abs(xb), axis=2), 1e-4)
+    e = _ceil_log2(tl.math.div_rn(amax, 6.0))
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    y = xb * inv[:, :, None]
+    a = tl.minimum(tl.abs(y), 6.0)
+    code = (a > 0.25).to(tl.int32) + (a > 1.25).to(tl.int32) + (a > 2.5).to(tl.int32) + (a > 5.0).to(tl.int32)
+    if RNE:
+        code += (a >= 0.75).to(tl.int32) + (a >= 1.75).to(tl.int32) + (a >= 3.5).to(tl.int32)
+    else:
+        code += (a > 0.75).to(tl.int32) + (a > 1.75).to(tl.int32) + (a > 3.5).to(tl.int32)
+    code = tl.where((y < 0) & (code != 0), code | 8, code)
+    code = tl.reshape(code, (BLOCK_T, 64, 2))
+    lo, hi = tl.split(code)
+    packed = (lo | (hi << 4)).to(tl.uint8)
+    bcols = tl.arange(0, 64)
+    tl.store(out_ptr + rows[:, None] * (N // 2) + head * 64 + bcols[None, :], packed, mask=row_ok[:, None])
+    shifts = tl.arange(0, 4) * 8
+    word = tl.sum(((e + 127) & 0xFF) << shifts[None, :], axis=1)
+    tl.store(scale_ptr + rows * (N // 128) + head, word, mask=row_ok)
+
+
 _HADAMARD_CACHE: dict = {}
 
 
@@ -156,20 +236,32 @@ def permuted_hadamard(device) -> torch.Tensor:
     return _HADAMARD_CACHE[key]
 
 
+TENSOR_CORE_FROM_T = 2048  # below, the butterfly kernel is faster (timed on the H200)
+
+
 def rope_hadamard_mxfp4(q: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, *,
-                        hadamard: bool, fp4_rounding: str = "floor-ties"):
-    """q: bf16 [T, N] (the GEMM output) -> (q_fp4 uint8 [T, H, 64], q_scale int32 [T, H])."""
+                        hadamard: bool, fp4_rounding: str = "floor-ties", method: str | None = None):
+    """q: bf16 [T, N] (the GEMM output) -> (q_fp4 uint8 [T, H, 64], q_scale int32 [T, H]).
+    method: "butterfly", "tensor_core", or None for the faster one at this T."""
     t, n = q.shape
     heads = n // 128
     out = torch.empty(t, heads, 64, dtype=torch.uint8, device=q.device)
     scale = torch.empty(t, heads, dtype=torch.int32, device=q.device)
-    # Timed on the H200 (64 tokens a program; 1, 2 or 8 heads; 32-bit or byte stores):
-    # 8 warps are fastest for the few programs of decode, 4 from a few thousand tokens.
-    rope_hadamard_mxfp4_kernel[(heads, triton.cdiv(t, BLOCK_T))](
-        q, positions, cos_sin, permuted_hadamard(q.device), out, scale, t, n, cos_sin.shape[0],
-        HADAMARD=hadamard, RNE=fp4_rounding == "rne", BLOCK_T=BLOCK_T,
-        DOT=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
-        num_warps=8 if t <= 1024 else 4,
-        enable_fp_fusion=False,  # the SPEC rounds every product on its own
-    )
+    method = method or ("tensor_core" if t >= TENSOR_CORE_FROM_T else "butterfly")
+    if method == "butterfly":
+        block_t = 16
+        butterfly_kernel[(triton.cdiv(t, block_t), heads)](
+            q, positions, cos_sin, out, scale, t, n, cos_sin.shape[0],
+            HADAMARD=hadamard, RNE=fp4_rounding == "rne", BLOCK_T=block_t,
+            enable_fp_fusion=False,  # the SPEC rounds every product on its own
+        )
+    else:
+        # Timed on the H200 (64 tokens a program; 1, 2 or 8 heads; 4 or 8 warps; 32-bit
+        # or byte stores): one head, 4 warps, byte stores.
+        tensor_core_kernel[(heads, triton.cdiv(t, BLOCK_T))](
+            q, positions, cos_sin, permuted_hadamard(q.device), out, scale, t, n, cos_sin.shape[0],
+            HADAMARD=hadamard, RNE=fp4_rounding == "rne", BLOCK_T=BLOCK_T,
+            DOT=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
+            enable_fp_fusion=False,
+        )
     return out, scale
