@@ -56,8 +56,8 @@ def n_cold_sets(m: int, n: int, k: int) -> int:
     return max(2, math.ceil(3 * L2_BYTES / (m * k * 2 + n * k + m * n)))
 
 
-def time_graph(call, n_sets: int, reps: int = 20, replays: int = 15) -> float:
-    """Median microseconds per call of `call(i)` (i = input set), replayed in a graph."""
+def _capture(call, n_sets: int, reps: int):
+    """A CUDA graph of `reps` calls of `call(i)`, cycling through the input sets."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -71,15 +71,36 @@ def time_graph(call, n_sets: int, reps: int = 20, replays: int = 15) -> float:
             call(r % n_sets)
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
+    return graph
+
+
+def _replay_us(graph, reps: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+def time_graph(call, n_sets: int, reps: int = 20, replays: int = 15) -> float:
+    """Median microseconds per call of `call(i)` (i = input set), replayed in a graph."""
+    graph = _capture(call, n_sets, reps)
+    return statistics.median(_replay_us(graph, reps) for _ in range(replays))
+
+
+def time_graphs(calls: dict, n_sets: int, reps: int = 20, replays: int = 15) -> dict:
+    """time_graph for several contenders, their replays interleaved (the order rotating
+    every round), so that a GPU warming up and clocking down over the run weighs on all
+    of them alike. Timed one after another, the same kernel measured up to 8% slower
+    later in the sequence on the H200."""
+    graphs = {name: _capture(call, n_sets, reps) for name, call in calls.items()}
+    names = list(graphs)
+    times = {name: [] for name in names}
+    for r in range(replays):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(_replay_us(graphs[name], reps))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def time_eager(call, n_sets: int, reps: int = 3) -> float:
@@ -176,10 +197,10 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
         return indexer_q.fused_indexer_q(x["qr"], weights[i], x["positions"], x["cos_sin"],
                                          hadamard=hadamard, out_format=out_format, tactic=tactic)
 
-    row["fused_us"] = time_graph(fused, n_sets)
+    calls = {"fused_us": fused}
     for name, tac in (tactics or {}).items():
-        row[f"fused[{name}]_us"] = time_graph(lambda i, t=tac: fused(i, t), n_sets)
-    row["act_quant_us"] = time_graph(lambda i: indexer_q.quantize_act_fp8(sets[i]["qr"]), n_sets)
+        calls[f"fused[{name}]_us"] = lambda i, t=tac: fused(i, t)
+    calls["act_quant_us"] = lambda i: indexer_q.quantize_act_fp8(sets[i]["qr"])
     if peers:
         # cuBLAS's block-scaled GEMM rejects M that is not a multiple of 4 on the H200 (1, 2,
         # 3, 13, ...). An engine then pads the tokens, so the peers run there on inputs
@@ -198,9 +219,10 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
         except RuntimeError as exc:
             row["cublas_error"] = str(exc).splitlines()[0][:120]
         else:
-            row["cublas_gemm_us"] = time_graph(lambda i: run_cublas(cargs[i]), n_sets)
+            calls["cublas_gemm_us"] = lambda i: run_cublas(cargs[i])
             if out_format == "mxfp4":
-                row["unfused_us"] = time_graph(lambda i: unfused_chain(peer_sets[i], hadamard=hadamard), n_sets)
+                calls["unfused_us"] = lambda i: unfused_chain(peer_sets[i], hadamard=hadamard)
+    row.update(time_graphs(calls, n_sets))
     if peers and out_format == "mxfp4":
         # The reference reads values back to the host (checks, constants), which a graph
         # capture does not allow, so the torch chain is timed eagerly.
