@@ -2,7 +2,9 @@
 
 Every contender is captured in a CUDA graph that calls it `reps` times, cycling through
 enough independent input sets (more than 3x the L2) that each call reads its operands
-from HBM. The figure is the median over replays of (graph time / reps).
+from HBM. The figure is the median over replays of (graph time / reps). The contenders'
+replays are interleaved, the order rotating each round (--sequential: one contender
+after another, which let the same kernel measure up to 8% apart by its place in line).
 
 Contenders, per (shape, M):
   fused            the op with its default tactic choice (table, else heuristic)
@@ -13,6 +15,7 @@ Contenders, per (shape, M):
                    (tuning/peers); cuBLAS rejects M not a multiple of 4, so
                    the peers run on inputs padded to one (as an engine would)
   cublas_gemm      cuBLAS's GEMM alone, on pre-quantized activations
+  peer_epilogue    the chain's Triton kernel alone, on the GEMM's bf16 output
   torch            the reference ops on the GPU (step 2 in float64)
   floor            max(bytes / measured copy bandwidth, FLOPs / FP8 peak)
 """
@@ -180,7 +183,8 @@ def problem_bytes(m, n, k, out_format="mxfp4") -> int:
     return m * k * 2 + n * k + (n // 128) * (k // 128) * 4 + q_bytes + m * (n // 128) * 4 + m * 8 + m * 256
 
 
-def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None, peers=True) -> dict:
+def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None, peers=True,
+                interleave=True) -> dict:
     n_sets = n_cold_sets(m, n, k)
     sets = cold_input_sets(m, n, k, n_sets)
     weights = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
@@ -221,8 +225,18 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
         else:
             calls["cublas_gemm_us"] = lambda i: run_cublas(cargs[i])
             if out_format == "mxfp4":
+                from tuning.peers.triton_rope_hadamard_mxfp4 import rope_hadamard_mxfp4
+
                 calls["unfused_us"] = lambda i: unfused_chain(peer_sets[i], hadamard=hadamard)
-    row.update(time_graphs(calls, n_sets))
+                # the chain's last stage alone, on the GEMM's bf16 output: the chain's parts
+                # should add up to it
+                q_bf16 = [run_cublas(c) for c in cargs]
+                calls["peer_epilogue_us"] = lambda i: rope_hadamard_mxfp4(
+                    q_bf16[i], peer_sets[i]["positions"], peer_sets[i]["cos_sin"], hadamard=hadamard)
+    if interleave:
+        row.update(time_graphs(calls, n_sets))
+    else:
+        row.update({name: time_graph(call, n_sets) for name, call in calls.items()})
     if peers and out_format == "mxfp4":
         # The reference reads values back to the host (checks, constants), which a graph
         # capture does not allow, so the torch chain is timed eagerly.
@@ -391,6 +405,8 @@ def main(argv=None):
     ap.add_argument("--all-tactics", action="store_true", help="also time every valid tactic")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--sequential", action="store_true",
+                    help="time contenders one after another instead of interleaving their replays")
     ap.add_argument("--out", default=None, help="output stem (default tuning/results/bench_<date>)")
     ap.add_argument("--json", default=None, help="(compat) also write the JSON here")
     args = ap.parse_args(argv)
@@ -398,7 +414,8 @@ def main(argv=None):
 
     ms = args.m or (QUICK_MS if args.quick else FULL_MS)
     bw = measure_copy_bandwidth()
-    env = environment() | {"copy_bandwidth_TBps": bw / 1e12}
+    env = environment() | {"copy_bandwidth_TBps": bw / 1e12,
+                           "timing": "sequential" if args.sequential else "interleaved"}
     print(json.dumps(env), flush=True)
     jobs = [(s, f, m) for s in args.shapes for f in args.out_format for m in ms]
     rows = []
@@ -411,7 +428,8 @@ def main(argv=None):
             for t in valid_tactics("sm_90a", m, n, k):
                 tactics.setdefault(json.dumps(t.as_dict(), sort_keys=True), t)
         row = {"shape": shape} | bench_shape(m, n, k, bw, hadamard=not args.no_hadamard, out_format=fmt_,
-                                              tactics=tactics, peers=not args.no_peers)
+                                              tactics=tactics, peers=not args.no_peers,
+                                              interleave=not args.sequential)
         rows.append(row)
         print(json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
     progress(len(jobs), len(jobs), "done")
