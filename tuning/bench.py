@@ -335,7 +335,7 @@ def write_outputs(env, rows, stem: Path, plots=True):
     lines = [f"# indexer-q bench, {env['date']}, {env['gpu']} ({env['sms']} SMs), torch {env['torch']}, "
              f"CUDA {env['cuda']}, CuTe DSL {env['cutlass_dsl']}, Triton {env['triton']}", "",
              f"Copy bandwidth measured in this run: {env['copy_bandwidth_TBps']:.2f} TB/s. Microseconds "
-             "(CUDA graphs, cold L2, median); ratios are fused / peer (below 1 = fused faster). "
+             f"(CUDA graphs, cold L2, median, {env.get('timing', 'sequential')} timing); ratios are fused / peer (below 1 = fused faster). "
              f"M marked * : cuBLAS refuses it, so the unfused and cuBLAS peers ran on inputs padded to "
              f"the next multiple of {PEER_M_MULTIPLE} rows, as an engine would pad them.", "",
              "| shape | format | M | fused | unfused | cuBLAS GEMM | torch | floor | /unfused | /cuBLAS | /floor |",

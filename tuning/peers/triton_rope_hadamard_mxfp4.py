@@ -5,7 +5,8 @@ the faster one picked by T (both timed on the H200):
 - `butterfly_kernel` (T < 2048): 16 tokens of one head a program, the Hadamard as the
   reference's fp32 butterfly (reshape / split / join per stage). SPEC steps 3-5 bit for
   bit like indexer_q.reference.
-- `tensor_core_kernel` (T >= 2048; 380 against 441 us at T = 16384, N = 8192): q read
+- `tensor_core_kernel` (T >= 2048; 380 against 441 us at T = 16384, N = 8192, each timed
+  alone with CUDA graphs on cold inputs): q read
   as 32-bit words, each an (even, odd) bf16 pair, so RoPE pairs and nibble pairs come
   from one contiguous load; the Hadamard on the tensor cores. Every value it sees is
   exactly a bf16 (step 3 rounds to bf16, dims 0..63 are the GEMM's bf16) and the entries
@@ -13,11 +14,11 @@ the faster one picked by T (both timed on the H200):
   permuted to the operands' order ([dims 0..63 | RoPE x | RoPE y]), are step 4's sum.
   The SPEC fixes only "accumulated in fp32": the tensor core's order differs from the
   butterfly's in the last fp32 bit of some sums, which moves a bf16 result (and rarely
-  a code) only at a rounding boundary. On the H200 its bytes matched the reference's
-  exactly at T = 3 and 1000.
+  a code) only at a rounding boundary. On the H200, forced at T = 3 and 1000, its bytes
+  matched the reference's exactly.
 
 Neither reaches the memory floor: at T = 16384, N = 8192 (335 MB moved) the faster takes
-~380 us, ~0.9 TB/s, where a device copy moves 4.2 TB/s. Tried and slower: a loop over
+380-458 us, 0.73-0.88 TB/s, where a device copy moves 4.2 TB/s. Tried and slower: a loop over
 8 heads a program (the matrix loaded once), 8 warps, 32-bit stores of the packed codes,
 8 column groups of 16 (24 small dots a head).
 """
@@ -244,6 +245,8 @@ def rope_hadamard_mxfp4(q: torch.Tensor, positions: torch.Tensor, cos_sin: torch
     """q: bf16 [T, N] (the GEMM output) -> (q_fp4 uint8 [T, H, 64], q_scale int32 [T, H]).
     method: "butterfly", "tensor_core", or None for the faster one at this T."""
     t, n = q.shape
+    # the tensor-core kernel reads q as 32-bit words
+    assert q.is_contiguous() and q.data_ptr() % 4 == 0, "q must be contiguous and 4-byte aligned"
     heads = n // 128
     out = torch.empty(t, heads, 64, dtype=torch.uint8, device=q.device)
     scale = torch.empty(t, heads, dtype=torch.int32, device=q.device)
