@@ -126,8 +126,8 @@ def tensor_core_kernel(
         use = row_ok[:, None] & pos_ok[:, None]
         c = tl.load(cs_row + p[None, :], mask=use, other=1.0)
         s = tl.load(cs_row + 32 + p[None, :], mask=use, other=0.0)
-        x = (w << 16).to(tl.float32, bitcast=True)  # dim 64 + 2p
-        y = (w & -65536).to(tl.float32, bitcast=True)  # dim 65 + 2p
+        x = _even(w)  # dim 64 + 2p
+        y = _odd(w)  # dim 65 + 2p
         nx = _round_bf16(x * c - y * s)
         ny = _round_bf16(x * s + y * c)
         # The matrix's rows in the operands' order: 0..63, RoPE x (64 + 2p), RoPE y (65 + 2p).
@@ -146,8 +146,8 @@ def tensor_core_kernel(
         s = tl.load(cs_row + j[None, :], mask=use, other=0.0)  # column 32 + (j - 32)
         c = tl.where(use, c, 1.0)
         s = tl.where(use, s, 0.0)
-        x = (w << 16).to(tl.float32, bitcast=True)
-        y = (w & -65536).to(tl.float32, bitcast=True)
+        x = _even(w)
+        y = _odd(w)
         ev = tl.where(rope, _round_bf16(x * c - y * s), x)
         od = tl.where(rope, _round_bf16(x * s + y * c), y)
     _mxfp4_store(ev, od, out_ptr, scale_ptr, rows, row_ok, N, head, BLOCK_T, RNE)
@@ -200,14 +200,7 @@ def butterfly_kernel(
     amax = tl.maximum(tl.max(tl.abs(xb), axis=2), 1e-4)
     e = _ceil_log2(tl.math.div_rn(amax, 6.0))
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    y = xb * inv[:, :, None]
-    a = tl.minimum(tl.abs(y), 6.0)
-    code = (a > 0.25).to(tl.int32) + (a > 1.25).to(tl.int32) + (a > 2.5).to(tl.int32) + (a > 5.0).to(tl.int32)
-    if RNE:
-        code += (a >= 0.75).to(tl.int32) + (a >= 1.75).to(tl.int32) + (a >= 3.5).to(tl.int32)
-    else:
-        code += (a > 0.75).to(tl.int32) + (a > 1.75).to(tl.int32) + (a > 3.5).to(tl.int32)
-    code = tl.where((y < 0) & (code != 0), code | 8, code)
+    code = _codes(xb * inv[:, :, None], RNE)
     code = tl.reshape(code, (BLOCK_T, 64, 2))
     lo, hi = tl.split(code)
     packed = (lo | (hi << 4)).to(tl.uint8)
