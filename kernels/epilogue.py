@@ -31,14 +31,15 @@ class HeadRowLayout:
     `local_bit[b]` of the thread-local index or lane-xor `lane_mask[b]` within the row
     group. Compile-time only."""
 
-    def __init__(self, col_bits: tuple):
+    def __init__(self, col_bits: tuple, rope: bool = True):
         # col_bits[b] = ("local", i) or ("lane", i) for column bit b = 0..6
         assert len(col_bits) == 7
         self.col_bits = col_bits
         self.num_local = 1 << sum(1 for kind, _ in col_bits if kind == "local")
         self.lanes_per_row = 1 << sum(1 for kind, _ in col_bits if kind == "lane")
         assert col_bits[0] == ("local", 0), "RoPE pairs and FP4 nibble pairs must be thread-local"
-        assert col_bits[6][0] == "local", "which half gets RoPE must be known at compile time"
+        if rope:  # a layout that only quantizes (after the Hadamard) may split the halves
+            assert col_bits[6][0] == "local", "which half gets RoPE must be known at compile time"
 
     def local_mask(self, b: int) -> int:
         kind, i = self.col_bits[b]
@@ -73,6 +74,25 @@ class HeadRowLayout:
                 col = col | (((lane_in_row >> i) & 1) << b)
         return col
 
+    def split_column(self, col):
+        """(local index, lane in row) holding column `col` (run-time Int32s)."""
+        local, lane = Int32(0), Int32(0)
+        for b, (kind, i) in enumerate(self.col_bits):
+            bit = ((col >> b) & 1) << i
+            if kind == "local":
+                local = local | bit
+            else:
+                lane = lane | bit
+        return local, lane
+
+    def column(self, local, lane_in_row):
+        """The column that `local` of lane `lane_in_row` holds (run-time Int32s)."""
+        col = Int32(0)
+        for b, (kind, i) in enumerate(self.col_bits):
+            src = local if kind == "local" else lane_in_row
+            col = col | (((src >> i) & 1) << b)
+        return col
+
 
 # The sm_90a epilogue warpgroup reads bf16 rows from shared memory, 4 lanes a row: lane q
 # holds columns 16*(q&1) + 32*(q>>1) + {0..15} and the same + 64. Column bit 6 (the RoPE
@@ -85,6 +105,19 @@ SM90_EPI_ROW_LAYOUT = HeadRowLayout(
 # 64 + 8L + {0..7} (16 values, to fit half the registers); an MXFP4 block spans 4 lanes.
 SM90_EPI8_ROW_LAYOUT = HeadRowLayout(
     (("local", 0), ("local", 1), ("local", 2), ("lane", 0), ("lane", 1), ("lane", 2), ("local", 3))
+)
+# The Hopper WGMMA accumulator (m64nNk16, fp32) and, for 16-bit types, its register A
+# operand: lane q of a row's quad holds columns 8j + 2q + {0, 1}, j = 0..15, local index
+# 2j + v. Both MMAs of the tensor-core Hadamard epilogue see a head row this way.
+SM90_MMA_ROW_LAYOUT = HeadRowLayout(
+    (("local", 0), ("lane", 0), ("lane", 1), ("local", 1), ("local", 2), ("local", 3), ("local", 4))
+)
+# The Hadamard's output columns as its MMA leaves them once the matrix's columns are
+# permuted (hadamard_output_column): lane q holds the whole MXFP4 block q, columns
+# 32q + {0..31} in local order, so amax, codes and a 16-byte store stay in the thread.
+SM90_MMA_HADAMARD_OUT_LAYOUT = HeadRowLayout(
+    (("local", 0), ("local", 1), ("local", 2), ("local", 3), ("local", 4), ("lane", 0), ("lane", 1)),
+    rope=False,
 )
 # SM100 tcgen05.ld 32x32b: one thread owns a whole row.
 SM100_ROW_LAYOUT = HeadRowLayout(tuple(("local", b) for b in range(7)))
@@ -171,6 +204,18 @@ def load_f32x4(ptr) -> tuple:
         write_only_types=[Float32] * 4,
         read_only_args=[ptr],
     )
+
+
+def load_f32(ptr) -> Float32:
+    """4-byte global load through the read-only path."""
+    return cute.arch.inline_ptx("ld.global.nc.f32 {$w0}, [{$r0}];", write_only_types=[Float32],
+                                read_only_args=[ptr])
+
+
+def store_v4_if(ptr, words: list, pred) -> None:
+    """Predicated 16-byte global store; `ptr` must be 16-byte aligned."""
+    cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
+                         read_only_args=[ptr, *[Int32(w) for w in words]], predicate=pred)
 
 
 def store_i32_if(ptr, value: Int32, pred) -> None:
@@ -286,17 +331,19 @@ def lane_max(v: Float32, lane_xor: int) -> Float32:
 
 
 # ---------------------------------------------------------------- row transforms
+def rope_pair_word(x: Float32, y: Float32, c: Float32, s: Float32) -> Int32:
+    """SPEC step 3 on one GPT-J pair: (x c - y s, x s + y c) rounded to bf16, as one word."""
+    return bf16x2_word(mul_rn(x, c) - mul_rn(y, s), mul_rn(x, s) + mul_rn(y, c))
+
+
 def rope_row(vals: list, layout: HeadRowLayout, cos_vals: list, sin_vals: list) -> list:
     """SPEC step 3 on bf16-valued fp32 `vals`: GPT-J pairs on columns 64..127. cos_vals[k]
     and sin_vals[k] belong to the k-th entry of layout.rope_pairs() (the caller loads
     them, c = 1 and s = 0 for an out-of-range position)."""
     out = list(vals)
     for k, (local, _) in enumerate(layout.rope_pairs()):
-        c, s = cos_vals[k], sin_vals[k]
-        x, y = vals[local], vals[local + 1]
-        out[local], out[local + 1] = round_bf16_pair(
-            mul_rn(x, c) - mul_rn(y, s), mul_rn(x, s) + mul_rn(y, c)
-        )
+        word = rope_pair_word(vals[local], vals[local + 1], cos_vals[k], sin_vals[k])
+        out[local], out[local + 1] = bf16x2_unpack(word)
     return out
 
 
@@ -319,9 +366,31 @@ def hadamard_row(vals: list, layout: HeadRowLayout, lane_in_row) -> list:
             xm = layout.lane_mask(b)
             sign = sel_f32((lane_in_row & xm) != 0, -1.0, 1.0)
             cur = [lane_butterfly(v, xm, sign) for v in cur]
+    return hadamard_scale_round(cur)
+
+
+def hadamard_output_column(mma_col):
+    """The tensor-core Hadamard's column permutation: the MMA's output column `mma_col`
+    (SM90_MMA_ROW_LAYOUT) is made to hold the Hadamard's column of the same (local, lane)
+    in SM90_MMA_HADAMARD_OUT_LAYOUT."""
+    local, lane = SM90_MMA_ROW_LAYOUT.split_column(mma_col)
+    return SM90_MMA_HADAMARD_OUT_LAYOUT.column(local, lane)
+
+
+def sylvester_sign(i, j) -> Float32:
+    """H[i][j] = (-1)^popcount(i & j) for 7-bit i, j (run-time Int32s)."""
+    x = i & j
+    x = x ^ (x >> 4)
+    x = x ^ (x >> 2)
+    x = x ^ (x >> 1)
+    return Float32(1.0) - Float32(2.0) * Float32(x & 1)
+
+
+def hadamard_scale_round(vals: list) -> list:
+    """SPEC step 4's end on the fp32 sums: times fp32(128^-0.5), rounded to bf16."""
     out = []
-    for i in range(0, len(cur), 2):
-        out.extend(round_bf16_pair(cur[i] * HADAMARD_SCALE, cur[i + 1] * HADAMARD_SCALE))
+    for i in range(0, len(vals), 2):
+        out.extend(round_bf16_pair(vals[i] * HADAMARD_SCALE, vals[i + 1] * HADAMARD_SCALE))
     return out
 
 
@@ -410,13 +479,51 @@ def load_cos_sin(layout: HeadRowLayout, row, m, num_pos, positions, cos_sin, lan
     return cos_vals, sin_vals
 
 
+def load_cos_sin_scalar(layout: HeadRowLayout, row, m, num_pos, positions, cos_sin, lane_cols):
+    """load_cos_sin for layouts whose RoPE pairs are not in runs of 4 in a thread (the
+    WGMMA accumulator's: pairs q, q + 4, ...): one 4-byte load a value."""
+    pos = positions[cutlass.min(row, m - 1)]
+    pos_ok = (pos >= 0) & (pos < num_pos)
+    pos_idx = Int32(cutlass.select_(pos_ok, pos, type(pos)(0)))
+    pair0 = lane_cols >> 1
+    cos_vals, sin_vals = [], []
+    for _, k in layout.rope_pairs():
+        col = pair0 + k
+        cos_vals.append(sel_f32(pos_ok, load_f32(cos_sin.iterator + cute.crd2idx((pos_idx, col), cos_sin.layout)),
+                                1.0))
+        sin_vals.append(sel_f32(pos_ok, load_f32(cos_sin.iterator + cute.crd2idx((pos_idx, col + 32),
+                                                                                  cos_sin.layout)), 0.0))
+    return cos_vals, sin_vals
+
+
+def _store_row_v4(layout: HeadRowLayout, out_format_id: int, ok, safe_row, head, lane_cols, packed, out_q):
+    """store_row's q part as 16-byte stores: the thread's words must be runs of 4
+    consecutive words starting 16-byte aligned (SM90_MMA_HADAMARD_OUT_LAYOUT's are)."""
+    if out_format_id == OUT_MXFP4:
+        base = (head * (HEAD_DIM // 2) + (lane_cols >> 1)) >> 2
+        words = [(layout.column_static(8 * w) // 8, packed[w]) for w in range(len(packed))]
+    else:
+        base = (head * HEAD_DIM + lane_cols) >> 2
+        words = [(layout.column_static(2 * p) // 4, (packed[p] & 0xFFFF) | (packed[p + 1] << 16))
+                 for p in range(0, len(packed), 2)]
+    assert len(words) % 4 == 0
+    for g in range(0, len(words), 4):
+        first = words[g][0]
+        assert first % 4 == 0 and [w for w, _ in words[g:g + 4]] == list(range(first, first + 4))
+        ptr = out_q.iterator + cute.crd2idx((safe_row, base + first), out_q.layout)
+        store_v4_if(ptr, [v for _, v in words[g:g + 4]], ok)
+
+
 def store_row(layout: HeadRowLayout, out_format_id: int, row, m, head, lane_in_row, lane_cols,
-              packed, scale_word, out_q, out_scale):
+              packed, scale_word, out_q, out_scale, vector: bool = False):
     """Word stores of one head row, predicated on row < M. out_q is viewed as int32 words;
-    `packed` is mxfp4_row's words, or fp8_row's e4m3 pairs (two make a word)."""
+    `packed` is mxfp4_row's words, or fp8_row's e4m3 pairs (two make a word). `vector`:
+    16-byte stores (see _store_row_v4)."""
     ok = row < m
     safe_row = cutlass.min(row, m - 1)
-    if out_format_id == OUT_MXFP4:
+    if vector:
+        _store_row_v4(layout, out_format_id, ok, safe_row, head, lane_cols, packed, out_q)
+    elif out_format_id == OUT_MXFP4:
         base = head * (HEAD_DIM // 2) + (lane_cols >> 1)
         for w in range(len(packed)):  # words of 8 nibbles
             col = (base + layout.column_static(8 * w) // 2) >> 2
@@ -436,14 +543,21 @@ def head_row_epilogue(vals: list, layout: HeadRowLayout, lane_in_row, cos_sin_va
                       head, out_q, out_scale) -> None:
     """SPEC steps 3-6 on one head row of bf16-valued fp32 `vals` and its stores: what
     every arch's kernel runs once it holds a row (`config`: a kernels.gemm_base.GemmConfig)."""
-    lane_cols = layout.column_lane_bits(lane_in_row)
     vals = rope_row(vals, layout, cos_sin_vals[0], cos_sin_vals[1])
     if config.hadamard:
         vals = hadamard_row(vals, layout, lane_in_row)
+    quantize_store_row(vals, layout, lane_in_row, config, row, m, head, out_q, out_scale)
+
+
+def quantize_store_row(vals: list, layout: HeadRowLayout, lane_in_row, config, row, m, head, out_q,
+                       out_scale, vector: bool = False) -> None:
+    """SPEC steps 5-6 on one head row of bf16-valued fp32 `vals` (after RoPE and the
+    optional Hadamard) and its stores."""
+    lane_cols = layout.column_lane_bits(lane_in_row)
     if config.out_format_id == OUT_MXFP4:
         packed, scale_word = mxfp4_row(vals, layout, lane_in_row, config.rne)
     else:
         packed, e = fp8_row(vals, layout, config.out_format_id == OUT_FP8)
         scale_word = (e + 127) << 23  # fp32 bits of 2^e
     store_row(layout, config.out_format_id, row, m, head, lane_in_row, lane_cols, packed, scale_word,
-              out_q, out_scale)
+              out_q, out_scale, vector)

@@ -46,6 +46,11 @@ class GemmConfig:
     # It is latency-bound with one warp per SM sub-partition; two halve each thread's
     # share of a row (8 lanes a row instead of 4) so that twice the warps fit the registers.
     epilogue_warpgroups: int = 1
+    # The Hadamard as a bf16 MMA against the +-1 matrix (columns permuted so each thread
+    # gets whole MXFP4 blocks) instead of a butterfly of shuffles; needs one epilogue
+    # warpgroup (its registers hold a 64-row accumulator) and 32 KB of shared memory.
+    # Ignored without the Hadamard.
+    tensor_core_hadamard: bool = False
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
@@ -54,6 +59,10 @@ class GemmConfig:
     @property
     def out_format_id(self) -> int:
         return OUT_FORMATS[self.out_format]
+
+    @property
+    def uses_tensor_core_hadamard(self) -> bool:
+        return self.hadamard and self.tensor_core_hadamard
 
     @property
     def rne(self) -> bool:
@@ -91,6 +100,7 @@ class FusedIndexerQGemmBase:
     ptx_signature: tuple = ()  # (name, substring the compiled PTX must hold): CI checks it
     split_k_choices: tuple = (1,)  # K splits the kernel implements
     epilogue_warpgroup_choices: tuple = (1,)  # epilogue warpgroup counts it implements
+    has_tensor_core_hadamard: bool = False  # implements GemmConfig.tensor_core_hadamard
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -115,6 +125,8 @@ class FusedIndexerQGemmBase:
         if config.epilogue_warpgroups not in cls.epilogue_warpgroup_choices:
             out.append(f"epilogue_warpgroups={config.epilogue_warpgroups} "
                        f"(this kernel: {', '.join(map(str, cls.epilogue_warpgroup_choices))})")
+        if config.uses_tensor_core_hadamard and not cls.has_tensor_core_hadamard:
+            out.append("tensor_core_hadamard (this kernel: the butterfly only)")
         if config.stages and not 2 <= config.stages <= cls.max_stages(config):
             out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out

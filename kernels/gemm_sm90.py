@@ -37,6 +37,8 @@ EPI_BUFFERS = 2  # bf16 tiles in flight between the consumers and the epilogue w
 # or 8 lanes a row (16 values) so that two warpgroups fit the registers one had.
 EPI_LAYOUTS = {1: epi.SM90_EPI_ROW_LAYOUT, 2: epi.SM90_EPI8_ROW_LAYOUT}
 WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
+HADAMARD_BYTES = epi.HEAD_DIM * epi.HEAD_DIM * 2  # the bf16 +-1 matrix of the tensor-core Hadamard
+BAR_HADAMARD_READY = 1  # named barrier (0 is the CTA's): the epilogue's +-1 matrix is in shared memory
 
 
 class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
@@ -44,6 +46,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
     supported_kinds = ("native",)
     split_k_choices = (1, 2, 4)  # rank 0 holds split_k - 1 partial tiles in shared memory
     epilogue_warpgroup_choices = tuple(EPI_LAYOUTS)
+    has_tensor_core_hadamard = True
     ptx_signature = ("wgmma.mma_async e4m3", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3")
 
     @classmethod
@@ -59,6 +62,9 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                                    or config.pipelined_promotion):
             out.append("split_k > 1 needs tile_m=64, no multicast cluster and no pipelined_promotion "
                        "(its cluster is the K split; one consumer warpgroup sends one partial)")
+        if config.uses_tensor_core_hadamard and config.epilogue_warpgroups != 1:
+            out.append("tensor_core_hadamard needs epilogue_warpgroups=1 (its 64x128 accumulator "
+                       "does not fit two epilogue warpgroups' registers)")
         if config.pipelined_promotion and (config.tile_m != 64 or config.mma_per_promotion != 4):
             out.append("pipelined_promotion needs tile_m=64 and mma_per_promotion=4 (two partial "
                        "accumulators fit only in one consumer warpgroup's registers)")
@@ -68,6 +74,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
     def max_stages(config: GemmConfig) -> int:
         stage_bytes = (config.tile_m + epi.HEAD_DIM) * SCALE_BLOCK_K
         epi_bytes = EPI_BUFFERS * config.tile_m * epi.HEAD_DIM * 2
+        if config.uses_tensor_core_hadamard:
+            epi_bytes += HADAMARD_BYTES
         return (SMEM_CAPACITY - epi_bytes - Sm90FusedIndexerQ.reduce_bytes(config) - 2048) // stage_bytes
 
     @staticmethod
@@ -94,6 +102,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         # 128-row tiles keep one branch-free copy of the epilogue: with the skip as a second
         # copy, M = 16384 took 606 us instead of 560.
         self.skip_rows_past_m = config.tile_m == 64
+        self.tc_hadamard = config.uses_tensor_core_hadamard
         self._split_registers()
 
     def _split_registers(self):
@@ -102,14 +111,17 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         split that needs more makes the consumers' increase wait forever (seen on the
         H200). tests/test_compile.py checks the split against the entry count ptxas chose."""
         launch = (65536 // self.threads) // 8 * 8
+        self.launch_regs = launch
         pool = launch * self.threads
-        self.producer_regs = 40 if self.epi_wgs == 1 else 24
+        # The tensor-core Hadamard keeps a 64-value accumulator and 32 words of A operand
+        # live in the epilogue: it takes the producer's spare registers.
+        self.producer_regs = 40 if self.epi_wgs == 1 and not self.tc_hadamard else 24
         if self.num_consumers == 1:
             self.consumer_regs = 232
         else:  # two accumulators of 64 a thread, plus addressing
             self.consumer_regs = 168 if self.epi_wgs == 1 else 160  # 152 spills
         rest = pool - WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs)
-        self.epilogue_regs = min(128, rest // (WARPGROUP * self.epi_wgs) // 8 * 8)
+        self.epilogue_regs = min(160 if self.tc_hadamard else 128, rest // (WARPGROUP * self.epi_wgs) // 8 * 8)
         total = WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs
                              + self.epi_wgs * self.epilogue_regs)
         assert total <= pool and self.epilogue_regs >= 64, (
@@ -168,6 +180,19 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         )
         self.b_smem_staged = cute.tile_to_shape(b_atom, (bn, bk, stages), order=(0, 1, 2))
 
+        # The tensor-core Hadamard: one warpgroup, 64 rows x 128 columns, bf16 A from
+        # registers, the +-1 matrix as B ([N, K], K-major like the weight).
+        self.h_mma = sm90_utils.make_trivial_tiled_mma(
+            cutlass.BFloat16, cutlass.BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+            Float32, (1, 1, 1), tiler_mn=(ROWS_PER_CONSUMER, epi.HEAD_DIM),
+            a_source=cute.nvgpu.warpgroup.OperandSource.RMEM,
+        )
+        h_atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, cutlass.BFloat16, epi.HEAD_DIM),
+            cutlass.BFloat16,
+        )
+        self.h_smem_layout = cute.tile_to_shape(h_atom, (epi.HEAD_DIM, epi.HEAD_DIM), order=(0, 1))
+
         a_smem = cute.slice_(self.a_smem_staged, (None, None, 0))
         b_smem = cute.slice_(self.b_smem_staged, (None, None, 0))
         a_op = (
@@ -217,7 +242,22 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                 cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024
             ]
 
-        self.shared_storage = SharedStorage
+        @cute.struct
+        class SharedStorageWithHadamard:
+            pipeline_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            epi_mbar: cute.struct.MemRange[cutlass.Int64, EPI_BUFFERS * 2]
+            reduce_mbar: cute.struct.MemRange[cutlass.Int64, self.split_k]
+            sReduce: cute.struct.Align[cute.struct.MemRange[Int32, reduce_words], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[Int32, epi_words], 1024]
+            sH: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(self.h_smem_layout)], 1024]
+            sA: cute.struct.Align[
+                cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024
+            ]
+            sB: cute.struct.Align[
+                cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024
+            ]
+
+        self.shared_storage = SharedStorageWithHadamard if self.tc_hadamard else SharedStorage
         self.kernel(
             tma_atom_a,
             tma_a,
@@ -233,6 +273,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             self.a_smem_staged,
             self.b_smem_staged,
             sched_params,
+            self.h_mma,
+            self.h_smem_layout,
         ).launch(
             grid=grid,
             block=[self.threads, 1, 1],
@@ -260,6 +302,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         a_smem_staged: cute.ComposedLayout,
         b_smem_staged: cute.ComposedLayout,
         sched_params: utils.PersistentTileSchedulerParams,
+        h_mma: cute.TiledMma,
+        h_smem_layout: cute.ComposedLayout,
     ):
         bm, bn, bk = self.tile_shape_mnk
         stages = self.stages
@@ -363,12 +407,23 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                     a_mcast_mask, b_mcast_mask, k_begin, k_end, sched_params,
                 )
         elif warpgroup >= self.epi_wg:
-            cute.arch.setmaxregister_decrease(self.epilogue_regs)
+            # setmaxnreg.dec may only lower the count (raising is an illegal instruction)
+            if cutlass.const_expr(self.epilogue_regs > self.launch_regs):
+                cute.arch.setmaxregister_increase(self.epilogue_regs)
+            else:
+                cute.arch.setmaxregister_decrease(self.epilogue_regs)
             if cta_rank == 0 or cutlass.const_expr(self.split_k == 1):  # K-split rank 0 writes
-                self._epilogue(
-                    epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
-                    positions, cos_sin, out_q, out_scale, a_scale.shape[0],
-                )
+                if cutlass.const_expr(self.tc_hadamard):
+                    sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
+                    self._epilogue_tc_hadamard(
+                        epi_pipeline, sQ, sH, h_mma, tidx - self.epi_wg * WARPGROUP, sched_params,
+                        positions, cos_sin, out_q, out_scale, a_scale.shape[0],
+                    )
+                else:
+                    self._epilogue(
+                        epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
+                        positions, cos_sin, out_q, out_scale, a_scale.shape[0],
+                    )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, warpgroup - 1, tidx - WARPGROUP,
@@ -723,6 +778,122 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             epi_state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
+
+    @cute.jit
+    def _epilogue_tc_hadamard(self, epi_pipeline, sQ, sH, h_mma, etidx, sched_params, positions, cos_sin,
+                              out_q, out_scale, m):
+        """The epilogue with the Hadamard on the tensor cores, 64 rows at a time: each thread
+        takes the bf16 values the consumer thread of the same index wrote (the WGMMA
+        accumulator's layout is also the register A operand's), applies RoPE in registers,
+        multiplies by the column-permuted +-1 matrix (one m64n128k16 WGMMA per 16 columns)
+        and quantizes whole MXFP4 blocks (or FP8 head quarters) it alone holds."""
+        bm = self.tile_shape_mnk[0]
+        in_layout = epi.SM90_MMA_ROW_LAYOUT
+        num_pos = cos_sin.shape[0]
+        lane = cute.arch.lane_idx()
+        quad_lane = lane % 4
+        warp = cute.arch.make_warp_uniform(etidx // 32)
+        row_in_chunk = warp * 16 + lane // 4  # and 8 below it
+        in_cols = in_layout.column_lane_bits(quad_lane)
+        chunks = bm // ROWS_PER_CONSUMER
+
+        # The +-1 matrix as B[n, k] = H[k][output column of n], built once.
+        out_col = epi.hadamard_output_column(etidx)
+        for kk in cutlass.range(epi.HEAD_DIM, unroll=8):
+            sH[etidx, kk] = epi.sylvester_sign(kk, out_col).to(cutlass.BFloat16)
+        cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
+        cute.arch.barrier(barrier_id=BAR_HADAMARD_READY, number_of_threads=WARPGROUP)
+
+        thr = h_mma.get_slice(etidx)
+        tHrB = h_mma.make_fragment_B(thr.partition_B(sH))
+        tHrA = h_mma.make_fragment_A(thr.partition_shape_A((ROWS_PER_CONSUMER, epi.HEAD_DIM)))
+        a_words = cute.recast_tensor(tHrA, Int32)  # word h + 2j: row + 8h, columns 8j + 2q + {0, 1}
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((ROWS_PER_CONSUMER, epi.HEAD_DIM)), Float32)
+        if cutlass.const_expr(self.config.pdl):
+            cute.arch.griddepcontrol_wait()  # see _epilogue
+
+        sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work = sched.initial_work_tile_info()
+        epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, EPI_BUFFERS)
+        # cos/sin of the chunk to come, requested one chunk ahead (across tiles too: the
+        # next tile's first chunk loads under this tile's last quantization). A row past M
+        # (or of a tile past the last) reads row M - 1's, never out of bounds.
+        cs = self._tc_cos_sin(self._m_tile(work.tile_idx) * bm + row_in_chunk, m, num_pos, positions, cos_sin,
+                              in_cols)
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            head = tile[1]
+            row0 = self._m_tile(tile) * bm + row_in_chunk
+            sched.advance_to_next_work()
+            nxt = sched.get_current_work()
+            next_row0 = self._m_tile(nxt.tile_idx) * bm + row_in_chunk
+            epi_pipeline.consumer_wait(epi_state)
+            if cutlass.const_expr(not self.config.epilogue):
+                epi_pipeline.consumer_release(epi_state)  # the profiling probe takes the tile only
+            else:
+                for c in cutlass.range_constexpr(chunks):
+                    self._tc_hadamard_chunk(c, cs, epi_pipeline, epi_state, sQ, h_mma, tHrA, tHrB, a_words, acc,
+                                            row_in_chunk, quad_lane)
+                    cs = self._tc_cos_sin(row0 + (c + 1) * ROWS_PER_CONSUMER if c + 1 < chunks else next_row0,
+                                          m, num_pos, positions, cos_sin, in_cols)
+                    if cutlass.const_expr(self.skip_rows_past_m):
+                        # decode: a warp whose 16 rows are all past M skips its quantization
+                        if row0 - lane // 4 + c * ROWS_PER_CONSUMER < m:
+                            self._tc_hadamard_quantize(acc, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head,
+                                                       out_q, out_scale)
+                    else:
+                        self._tc_hadamard_quantize(acc, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head, out_q,
+                                                   out_scale)
+            epi_state.advance()
+            work = nxt
+
+    @staticmethod
+    def _tc_cos_sin(row0, m, num_pos, positions, cos_sin, in_cols):
+        """cos/sin of rows row0 and row0 + 8 (a thread's two rows of a chunk), flat:
+        [cos row0, sin row0, cos row0+8, sin row0+8], 8 values each."""
+        out = []
+        for h in range(2):
+            c, s = epi.load_cos_sin_scalar(epi.SM90_MMA_ROW_LAYOUT, row0 + 8 * h, m, num_pos, positions, cos_sin,
+                                           in_cols)
+            out.extend(c + s)
+        return out
+
+    def _tc_hadamard_chunk(self, c, cs, epi_pipeline, epi_state, sQ, h_mma, tHrA, tHrB, a_words, acc,
+                           row_in_chunk, quad_lane):
+        """Chunk c (64 rows) of the tile: bf16 rows from the buffer, RoPE into the A
+        registers, then the Hadamard's WGMMAs into acc (waited for)."""
+        in_layout = epi.SM90_MMA_ROW_LAYOUT
+        for h in range(2):
+            r = c * ROWS_PER_CONSUMER + row_in_chunk + 8 * h
+            words = [sQ[epi_state.index, r, self._swizzled_word(r, 4 * j + quad_lane)] for j in range(16)]
+            pairs = in_layout.rope_pairs()
+            for k, (local, _) in enumerate(pairs):
+                x, y = epi.bf16x2_unpack(words[local // 2])
+                cos_k, sin_k = cs[2 * h * len(pairs) + k], cs[(2 * h + 1) * len(pairs) + k]
+                words[local // 2] = epi.rope_pair_word(x, y, cos_k, sin_k)
+            for j in range(16):
+                a_words[h + 2 * j] = words[j]
+        if c == self.tile_shape_mnk[0] // ROWS_PER_CONSUMER - 1:
+            epi_pipeline.consumer_release(epi_state)  # the tile's bf16 values are all in registers
+        h_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+        cute.nvgpu.warpgroup.fence()
+        for kb in range(cute.size(tHrA, mode=[2])):
+            cute.gemm(h_mma, acc, tHrA[None, None, kb], tHrB[None, None, kb], acc)
+            h_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(0)
+
+    def _tc_hadamard_quantize(self, acc, quad_lane, row0, m, head, out_q, out_scale):
+        """Scale, bf16, quantize and store the chunk's two rows a thread (row0, row0 + 8)."""
+        out_layout = epi.SM90_MMA_HADAMARD_OUT_LAYOUT
+        for h in range(2):
+            # Accumulator value v + 2h + 4j is local 2j + v of the output layout.
+            vals = [acc[4 * (t // 2) + 2 * h + t % 2] for t in range(out_layout.num_local)]
+            vals = epi.hadamard_scale_round(vals)
+            epi.quantize_store_row(vals, out_layout, quad_lane, self.config, row0 + 8 * h, m, head, out_q,
+                                   out_scale, vector=True)
 
     @cute.jit
     def _epilogue_passes(self, sQ, buf, rows, cs, ahead, row_in_pass, lane_in_row, lane_cols, head, m,

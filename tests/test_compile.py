@@ -38,11 +38,17 @@ def test_act_quant_compiles(arch, tmp_path):
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
-@pytest.mark.parametrize("tile_m,epilogue_warpgroups", [(64, 1), (128, 1), (64, 2), (128, 2)])
-@pytest.mark.parametrize("out_format,hadamard", [("mxfp4", True), ("fp8", False)])
-def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, epilogue_warpgroups, out_format, hadamard, tmp_path):
+SM90_EPILOGUES = [(64, 1, False), (128, 1, False), (64, 2, False), (128, 2, False), (64, 1, True), (128, 1, True)]
+
+
+@pytest.mark.parametrize("tile_m,epilogue_warpgroups,tensor_core_hadamard", SM90_EPILOGUES)
+@pytest.mark.parametrize("out_format,hadamard", [("mxfp4", True), ("fp8", False), ("fp8", True)])
+def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, epilogue_warpgroups, tensor_core_hadamard, out_format, hadamard,
+                                           tmp_path):
+    if out_format == "fp8" and hadamard and not tensor_core_hadamard:
+        pytest.skip("the butterfly epilogue's FP8 code differs from mxfp4's only after the Hadamard")
     cfg = GemmConfig(arch="sm_90a", tile_m=tile_m, out_format=out_format, hadamard=hadamard,
-                     epilogue_warpgroups=epilogue_warpgroups)
+                     epilogue_warpgroups=epilogue_warpgroups, tensor_core_hadamard=tensor_core_hadamard)
     ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
     ptx = _ptx(ck)
     assert ".target sm_90a" in ptx
@@ -60,6 +66,11 @@ def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, epilogue_warpgroups, out_form
         entry = int(re.findall(r"Used (\d+) registers", rep)[-1])
         split = WARPGROUP * (k.producer_regs + k.num_consumers * k.consumer_regs + k.epi_wgs * k.epilogue_regs)
         assert split <= entry * k.threads, f"setmaxnreg split {split} > {entry} x {k.threads}"
+        # .dec may only lower a warp's count and .inc only raise it (else: illegal instruction)
+        for kind, regs in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx):
+            assert (int(regs) <= entry) if kind == "dec" else (int(regs) >= entry), (kind, regs, entry)
+    if cfg.uses_tensor_core_hadamard:  # the Hadamard's bf16 WGMMAs, A from registers
+        assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, \{", ptx)
 
 
 @pytest.mark.skipif(not shutil.which("ptxas"), reason="needs ptxas")
@@ -161,6 +172,12 @@ def test_config_rejections():
     assert not Sm100FusedIndexerQ.can_implement(GemmConfig(arch="sm_100a", tile_m=64), 8192, 1536)
     assert not Sm90FusedIndexerQ.can_implement(GemmConfig(cluster_n=2), 1152, 1536)  # 9 heads
     assert not Sm90FusedIndexerQ.can_implement(GemmConfig(), 8192, 1000)
+    # the tensor-core Hadamard: one epilogue warpgroup, sm_90a only
+    had = dict(hadamard=True, tensor_core_hadamard=True)
+    assert Sm90FusedIndexerQ.can_implement(GemmConfig(**had), 8192, 1536)
+    assert not Sm90FusedIndexerQ.can_implement(GemmConfig(epilogue_warpgroups=2, **had), 8192, 1536)
+    assert Sm90FusedIndexerQ.can_implement(GemmConfig(epilogue_warpgroups=2, tensor_core_hadamard=True), 8192, 1536)
+    assert not Sm100FusedIndexerQ.can_implement(GemmConfig(arch="sm_100a", **had), 8192, 1536)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -79,3 +79,36 @@ def test_magic_number_e2m1_matches_reference_for_every_bf16(rounding):
         assert bad.size == 0, (e, qq[bad[:5]], want[bad[:5]], got[bad[:5]])
         checked += qq.size
     assert checked > 1_000_000
+
+
+def test_tensor_core_hadamard_layout_bookkeeping():
+    """The tensor-core Hadamard, modelled with numpy matrices: with the columns of the
+    +-1 matrix permuted by kernels.epilogue.hadamard_output_column, the WGMMA accumulator
+    value v + 2h + 4j of lane q in a row quad (column 8j + 2q + v, row + 8h) is Hadamard
+    column 32q + 2j + v, so each lane holds MXFP4 block q whole, in order; and the
+    register A operand (word h + 2j: columns 8j + 2q + {0, 1}) is what the consumer of the
+    same thread index wrote (word 4j + q of its row)."""
+    from indexer_q.kernels import epilogue as epi
+
+    perm = np.array([int(epi.hadamard_output_column(n)) for n in range(128)])
+    assert sorted(perm) == list(range(128))
+    i = np.arange(128)
+    had = (-1.0) ** np.array([[bin(a & b).count("1") for b in i] for a in i])  # Sylvester order
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 128))
+    out = a @ had[:, perm]  # what the WGMMA accumulates, column n = Hadamard column perm[n]
+    want = a @ had
+    layout_in, layout_out = epi.SM90_MMA_ROW_LAYOUT, epi.SM90_MMA_HADAMARD_OUT_LAYOUT
+    for warp in range(4):
+        for lane in range(32):
+            q = lane % 4
+            for h in range(2):
+                row = 16 * warp + lane // 4 + 8 * h
+                for j in range(16):
+                    for v in range(2):
+                        acc_col = 8 * j + 2 * q + v
+                        local = 2 * j + v  # the kernel's output local index of value v + 2h + 4j
+                        col = layout_out.column_static(local) + int(layout_out.column_lane_bits(q))
+                        assert col == 32 * q + local
+                        assert out[row, acc_col] == want[row, col]
+                        assert layout_in.column_static(local) + int(layout_in.column_lane_bits(q)) == acc_col

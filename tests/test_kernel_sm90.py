@@ -97,15 +97,16 @@ def _fp4_check(q, s, rq, rs):
     return scale_eq, code_eq, max_step_same_scale
 
 
-def _check_case(t, n, k, hadamard, rounding, out_format, seed, cos_sin, positions_dtype=torch.int64):
+def _check_case(t, n, k, hadamard, rounding, out_format, seed, cos_sin, positions_dtype=torch.int64,
+                tactic=None):
     from indexer_q import prepare_weights
 
     x = _inputs(t, n, k, seed, cos_sin, positions_dtype)
     weights = prepare_weights(x["weight"], x["weight_scale"])
     opts = dict(hadamard=hadamard, fp4_rounding=rounding, out_format=out_format)
-    q, s = _run_twice(x, weights, **opts)
+    q, s = _run_twice(x, weights, tactic=tactic, **opts)
     rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"], **opts)
-    tag = f"M={t} N={n} K={k} had={hadamard} {rounding} {out_format} seed={seed}"
+    tag = f"M={t} N={n} K={k} had={hadamard} {rounding} {out_format} seed={seed} {tactic or ''}"
     if out_format == "mxfp4":
         scale_eq, code_eq, max_step = _fp4_check(q, s, rq, rs)
         if t * n >= 1 << 20:
@@ -167,6 +168,34 @@ def test_fused_mxfp4_matches_reference(t, n, k, big_cos_sin):
     seed = int.from_bytes(os.urandom(4), "little")
     for hadamard, rounding in itertools.product((False, True), ("floor-ties", "rne")):
         _check_case(t, n, k, hadamard, rounding, "mxfp4", seed, big_cos_sin)
+
+
+@pytest.mark.parametrize("t", MS)
+@pytest.mark.parametrize("n,k", list(itertools.product(NS, KS)))
+def test_tensor_core_hadamard_matches_reference(t, n, k, big_cos_sin):
+    """The Hadamard as a bf16 WGMMA (tensor_core_hadamard): the SPEC's criteria as for the
+    butterfly, for MXFP4 in both roundings and for FP8 (FP8: the cuBLAS chain's bytes, as
+    near as the tensor core's summation order of the 128 exact products allows)."""
+    _needs_sm90()
+    from indexer_q import prepare_weights
+    from indexer_q.tactics import Tactic
+    from tuning.bench import cublas_reference_chain
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    tactic = Tactic(tile_m=64 if t <= 128 else 128, tensor_core_hadamard=True)
+    for rounding in ("floor-ties", "rne"):
+        _check_case(t, n, k, True, rounding, "mxfp4", seed, big_cos_sin, tactic=tactic)
+    x = _inputs(t, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    for out_format in ("fp8", "fp8-unscaled"):
+        opts = dict(hadamard=True, fp4_rounding="floor-ties", out_format=out_format)
+        cq, cs = cublas_reference_chain(x, hadamard=True, out_format=out_format)
+        q, s = _run_twice(x, weights, tactic=tactic, **opts)
+        tag = f"M={t} N={n} K={k} {out_format} seed={seed} {tactic}"
+        eq = _agreement(q, cq)
+        print(f"{tag}: {eq:.7f} of the cuBLAS chain's bytes")
+        assert eq >= 0.9999 if t * n >= 1 << 16 else eq >= 0.999, f"{tag}: {eq} of the chain's bytes"
+        assert s is None or (s == cs).double().mean().item() >= 0.9999, f"{tag}: scales"
 
 
 def _agreement(q, rq):
@@ -268,14 +297,20 @@ def test_every_tactic_writes_the_same_bytes(t, n, out_format, big_cos_sin):
     base = Tactic(tile_m=128, pdl=False)
     bq, bs = _run_twice(x, weights, tactic=base, **opts)
     extra = {Tactic(tile_m=tm, epilogue_warpgroups=2, cluster_m=cm) for tm in (64, 128) for cm in (1, 2)}
+    tc = {Tactic(tile_m=tm, tensor_core_hadamard=True) for tm in (64, 128)}
     if out_format == "mxfp4":  # every candidate the tuner times, and the knobs on their own
-        tactics = set(valid_tactics("sm_90a", t, n, k)) | extra | {Tactic(tile_m=64, pdl=False)}
+        tactics = set(valid_tactics("sm_90a", t, n, k)) | extra | tc | {Tactic(tile_m=64, pdl=False)}
     else:  # what differs for another format: the epilogue's row layout
-        tactics = {Tactic(tile_m=64), Tactic(tile_m=128)} | extra
+        tactics = {Tactic(tile_m=64), Tactic(tile_m=128)} | extra | tc
     for tactic in sorted(tactics, key=repr):
         q, s = _run_twice(x, weights, tactic=tactic, **opts)
         tag = f"M={t} N={n} {out_format} seed={seed} {tactic}"
-        if tactic.split_k == 1:
+        if tactic.tensor_core_hadamard:  # the tensor core sums the Hadamard's products in its own order
+            same = (q.view(torch.uint8) == bq.view(torch.uint8)).double().mean().item()
+            print(f"{tag}: {same:.7f} of the butterfly's bytes, scales {(s == bs).double().mean().item():.7f}")
+            assert same >= 0.9999, f"{tag}: {same} of the butterfly's bytes"
+            assert (s == bs).double().mean().item() >= 0.9999, f"{tag}: scales"
+        elif tactic.split_k == 1:
             assert torch.equal(q.view(torch.uint8), bq.view(torch.uint8)), f"{tag}: bytes"
             assert torch.equal(s, bs), f"{tag}: scales"
         else:  # another fp32 summation order: near-agreement of bytes and scales

@@ -32,6 +32,7 @@ class Tactic:
     split_k: int = 1
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
     epilogue_warpgroups: int = 1  # 2: twice the epilogue warps, 8 lanes a row
+    tensor_core_hadamard: bool = False  # the Hadamard as a bf16 MMA (one epilogue warpgroup)
     # False: a profiling probe that runs the mainloop only and writes nothing (it
     # measures the epilogue's cost); never among valid_tactics.
     epilogue: bool = True
@@ -46,7 +47,7 @@ class Tactic:
             value = getattr(self, name)
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
-        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl"):
+        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl", "tensor_core_hadamard"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
@@ -70,6 +71,8 @@ class Tactic:
         from indexer_q.kernels.gemm_base import GemmConfig
 
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        # without the Hadamard the knob changes no code: one compile key, not two
+        fields["tensor_core_hadamard"] = self.tensor_core_hadamard and bool(hadamard)
         return GemmConfig(arch=arch, hadamard=bool(hadamard), fp4_rounding=fp4_rounding,
                           out_format=out_format, positions_dtype=positions_dtype, **fields)
 
@@ -97,8 +100,8 @@ def kernel_class(arch: str):
 def _candidates():
     """Speed knobs worth timing: 64- and 128-row tiles with one or two epilogue
     warpgroups, the cluster shapes that won somewhere on the H200 (64-row tiles
-    multicasting the weight, 128-row tiles multicasting the activation) and a K split in
-    4 (TP8 decode). Left out: finer promotion (mma_per_promotion < 4 buys accuracy, never
+    multicasting the weight, 128-row tiles multicasting the activation), 128-row tiles
+    with the Hadamard on the tensor cores, and a K split in 4 (TP8 decode). Left out: finer promotion (mma_per_promotion < 4 buys accuracy, never
     speed: 1.1x / 1.3x the time), 2x2 clusters (too few resident clusters: 1.9x the time),
     pipelined promotion (V4-Pro on the H200: 168 us at M = 4096 and 670 us at M = 16384,
     against 157 / 649 us for plain 64-row tiles and 136 / 574 us for 128-row tiles) and a
@@ -109,6 +112,10 @@ def _candidates():
             yield Tactic(tile_m=64, cluster_m=2, epilogue_warpgroups=ewg)
         else:
             yield Tactic(tile_m=128, cluster_n=2, epilogue_warpgroups=ewg)
+    # the Hadamard on the tensor cores (one epilogue warpgroup); with 64-row tiles it never
+    # won on the H200 (decode: 0.3-1.5 us slower, its WGMMA is latency the butterfly's skip avoids)
+    yield Tactic(tile_m=128, tensor_core_hadamard=True)
+    yield Tactic(tile_m=128, cluster_n=2, tensor_core_hadamard=True)
     yield Tactic(tile_m=64, split_k=4, epilogue_warpgroups=2)
 
 
