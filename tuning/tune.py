@@ -3,7 +3,8 @@
 For each M (powers of two from 1 to 16384, then the midpoints between neighbours whose
 winners differ), every candidate from `indexer_q.valid_tactics` is first checked against
 the reference (the SPEC's agreement, at the floor the H200 reaches with the Hadamard),
-then timed like the benchmark (CUDA graph, cold L2, median). The fastest correct one
+then timed like the benchmark (CUDA graphs, cold L2, median, the candidates' replays
+interleaved). The fastest correct one
 wins, unless the heuristic's choice is within the noise (3%) of it. The table maps each M to the winner
 of the smallest profiled M at or above it.
 """
@@ -52,12 +53,18 @@ class Checker:
         return (fp4_signed_codes(q) == self.ref_codes).double().mean().item()
 
 
-def time_tactic(tactic, sets, weights) -> float:
-    from tuning.bench import time_graph
+def time_tactics(tactics, sets, weights) -> dict:
+    """Microseconds per call of each tactic, their graph replays interleaved as in the
+    benchmark: timed one after another, a tactic's place in line moved its time by up to
+    8% on the H200 (clocks and power settle over a sweep), more than the 3% the choice
+    below calls noise."""
+    from tuning.bench import time_graphs
 
-    return time_graph(lambda i: indexer_q.fused_indexer_q(sets[i]["qr"], weights[i], sets[i]["positions"],
-                                                          sets[i]["cos_sin"], hadamard=True, tactic=tactic),
-                      len(sets), replays=7)
+    def call(tactic):
+        return lambda i: indexer_q.fused_indexer_q(sets[i]["qr"], weights[i], sets[i]["positions"],
+                                                   sets[i]["cos_sin"], hadamard=True, tactic=tactic)
+
+    return time_graphs({t: call(t) for t in tactics}, len(sets), replays=7)
 
 
 def _compile_one(job):
@@ -143,7 +150,7 @@ def profile(m, n, k, arch, log, checked: dict, checker) -> tuple:
 
     sets = cold_input_sets(m, n, k, n_cold_sets(m, n, k))
     weights = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
-    timings = {}
+    passed = []
     for tactic in valid_tactics(arch, m, n, k):
         if tactic not in checked:
             try:
@@ -154,7 +161,8 @@ def profile(m, n, k, arch, log, checked: dict, checker) -> tuple:
         if checked[tactic] < MIN_CODES_EQUAL:
             log(f"  {tactic}: REJECTED, {checked[tactic]:.5f} codes equal")
             continue
-        timings[tactic] = time_tactic(tactic, sets, weights)
+        passed.append(tactic)
+    timings = time_tactics(passed, sets, weights)
     winner = choose(timings, heuristic(arch, m, n, k))
     return winner, timings
 
