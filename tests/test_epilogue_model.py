@@ -93,7 +93,7 @@ def test_tensor_core_hadamard_layout_bookkeeping():
     perm = np.array([int(epi.hadamard_output_column(n)) for n in range(128)])
     assert sorted(perm) == list(range(128))
     i = np.arange(128)
-    had = (-1.0) ** np.array([[bin(a & b).count("1") for b in i] for a in i])  # Sylvester order
+    had = (-1.0) ** np.array([[int(a & b).bit_count() for b in i] for a in i])  # Sylvester order
     rng = np.random.default_rng(0)
     a = rng.standard_normal((64, 128))
     out = a @ had[:, perm]  # what the WGMMA accumulates, column n = Hadamard column perm[n]
