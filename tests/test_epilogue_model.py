@@ -82,33 +82,37 @@ def test_magic_number_e2m1_matches_reference_for_every_bf16(rounding):
 
 
 def test_tensor_core_hadamard_layout_bookkeeping():
-    """The tensor-core Hadamard, modelled with numpy matrices: with the columns of the
-    +-1 matrix permuted by kernels.epilogue.hadamard_output_column, the WGMMA accumulator
-    value v + 2h + 4j of lane q in a row quad (column 8j + 2q + v, row + 8h) is Hadamard
-    column 32q + 2j + v, so each lane holds MXFP4 block q whole, in order; and the
-    register A operand (word h + 2j: columns 8j + 2q + {0, 1}) is what the consumer of the
-    same thread index wrote (word 4j + q of its row)."""
+    """The tensor-core Hadamard's index bookkeeping (kernels/gemm_sm90.py,
+    _tc_hadamard_chunk and _tc_hadamard_quantize) on the exact +-1 matrix:
+    - the consumer thread with lane q of a row quad writes that row's columns 8j + 2q +
+      {0, 1} as word 4j + q; the epilogue thread of the same index puts that word in
+      register A word h + 2j, which the ((2, 2, 2), 1, 8) bf16 fragment reads as columns
+      16 kk + 8 khalf + 2q + {0, 1} with j = 2 kk + khalf: the same columns;
+    - with the matrix's columns permuted by kernels.epilogue.hadamard_output_column, the
+      accumulator value 4j + 2h + v (column 8j + 2q + v) is the Hadamard's column
+      32q + 2j + v: lane q holds MXFP4 block q, value t = 2j + v in order."""
     from indexer_q.kernels import epilogue as epi
 
-    perm = np.array([int(epi.hadamard_output_column(n)) for n in range(128)])
+    perm = [int(epi.hadamard_output_column(n)) for n in range(128)]
     assert sorted(perm) == list(range(128))
     i = np.arange(128)
-    had = (-1.0) ** np.array([[int(a & b).bit_count() for b in i] for a in i])  # Sylvester order
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((64, 128))
-    out = a @ had[:, perm]  # what the WGMMA accumulates, column n = Hadamard column perm[n]
-    want = a @ had
+    had = np.array([[(-1) ** int(a & b).bit_count() for b in i] for a in i], dtype=np.int8)  # Sylvester
+    permuted = had[:, perm]  # what the kernel stores as the WGMMA's B (its [n, k] = this [k, n])
     layout_in, layout_out = epi.SM90_MMA_ROW_LAYOUT, epi.SM90_MMA_HADAMARD_OUT_LAYOUT
-    for warp in range(4):
-        for lane in range(32):
-            q = lane % 4
-            for h in range(2):
-                row = 16 * warp + lane // 4 + 8 * h
-                for j in range(16):
+    for q in range(4):
+        for kk in range(8):
+            for khalf in range(2):
+                for h in range(2):
                     for v in range(2):
-                        acc_col = 8 * j + 2 * q + v
-                        local = 2 * j + v  # the kernel's output local index of value v + 2h + 4j
-                        col = layout_out.column_static(local) + int(layout_out.column_lane_bits(q))
-                        assert col == 32 * q + local
-                        assert out[row, acc_col] == want[row, col]
-                        assert layout_in.column_static(local) + int(layout_in.column_lane_bits(q)) == acc_col
+                        j = 2 * kk + khalf
+                        element = v + 2 * h + 4 * khalf + 8 * kk  # of the A fragment
+                        assert element // 2 == h + 2 * j  # the A word the kernel writes
+                        a_col = 16 * kk + 8 * khalf + 2 * q + v  # the column WGMMA reads there
+                        assert a_col == 8 * j + 2 * q + v  # the consumer's word 4j + q, half v
+                        local = 2 * j + v  # SM90_MMA_ROW_LAYOUT's local index of that column
+                        assert layout_in.column_static(local) + int(layout_in.column_lane_bits(q)) == a_col
+        for t in range(32):  # the output: accumulator value 4 (t // 2) + 2h + t % 2
+            acc_col = 8 * (t // 2) + 2 * q + t % 2
+            out_col = layout_out.column_static(t) + int(layout_out.column_lane_bits(q))
+            assert out_col == 32 * q + t
+            assert (permuted[:, acc_col] == had[:, out_col]).all()

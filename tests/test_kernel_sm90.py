@@ -194,8 +194,19 @@ def test_tensor_core_hadamard_matches_reference(t, n, k, big_cos_sin):
         tag = f"M={t} N={n} K={k} {out_format} seed={seed} {tactic}"
         eq = _agreement(q, cq)
         print(f"{tag}: {eq:.7f} of the cuBLAS chain's bytes")
-        assert eq >= 0.9999 if t * n >= 1 << 16 else eq >= 0.999, f"{tag}: {eq} of the chain's bytes"
-        assert s is None or (s == cs).double().mean().item() >= 0.9999, f"{tag}: scales"
+        assert _mismatches(q.view(torch.uint8), cq.view(torch.uint8)) <= _allowed(q), f"{tag}: {eq} of the bytes"
+        assert s is None or _mismatches(s, cs) <= _allowed(s), f"{tag}: scales"
+
+
+def _mismatches(a, b) -> int:
+    return int((a != b).sum().item())
+
+
+def _allowed(x) -> int:
+    """Differences allowed where only the fp32 summation order of exact products differs
+    (the tensor-core Hadamard): one in 10^4, at least 4, so a rare one at small M passes.
+    Measured on the H200: none."""
+    return max(4, x.numel() // 10_000)
 
 
 def _agreement(q, rq):
@@ -283,7 +294,9 @@ def test_every_tactic_writes_the_same_bytes(t, n, out_format, big_cos_sin):
     """Tile, cluster, epilogue warpgroups and PDL change where and when work runs, never
     its arithmetic: every tactic without a K split must write exactly the bytes of the
     plain one (and the plain one matches the reference, per the tests above); a K split
-    sums K blocks in another order and is held to near-agreement."""
+    sums K blocks in another order and is held to near-agreement, the tensor-core Hadamard
+    sums the Hadamard's exact products in the tensor core's order and is allowed a few
+    differences (_allowed)."""
     _needs_sm90()
 
     from indexer_q import prepare_weights
@@ -308,8 +321,8 @@ def test_every_tactic_writes_the_same_bytes(t, n, out_format, big_cos_sin):
         if tactic.tensor_core_hadamard:  # the tensor core sums the Hadamard's products in its own order
             same = (q.view(torch.uint8) == bq.view(torch.uint8)).double().mean().item()
             print(f"{tag}: {same:.7f} of the butterfly's bytes, scales {(s == bs).double().mean().item():.7f}")
-            assert same >= 0.9999, f"{tag}: {same} of the butterfly's bytes"
-            assert (s == bs).double().mean().item() >= 0.9999, f"{tag}: scales"
+            assert _mismatches(q.view(torch.uint8), bq.view(torch.uint8)) <= _allowed(q), f"{tag}: {same} of the bytes"
+            assert _mismatches(s, bs) <= _allowed(s), f"{tag}: scales"
         elif tactic.split_k == 1:
             assert torch.equal(q.view(torch.uint8), bq.view(torch.uint8)), f"{tag}: bytes"
             assert torch.equal(s, bs), f"{tag}: scales"
