@@ -101,11 +101,12 @@ def _candidates():
     """Speed knobs worth timing: 64- and 128-row tiles with one or two epilogue
     warpgroups, the cluster shapes that won somewhere on the H200 (64-row tiles
     multicasting the weight, 128-row tiles multicasting the activation), 128-row tiles
-    with the Hadamard on the tensor cores, and a K split in 4 (TP8 decode). Left out: finer promotion (mma_per_promotion < 4 buys accuracy, never
-    speed: 1.1x / 1.3x the time), 2x2 clusters (too few resident clusters: 1.9x the time),
-    pipelined promotion (V4-Pro on the H200: 168 us at M = 4096 and 670 us at M = 16384,
-    against 157 / 649 us for plain 64-row tiles and 136 / 574 us for 128-row tiles) and a
-    K split in 2 (never won); all remain valid Tactics for experts."""
+    with the Hadamard on the tensor cores, and a K split in 4 (TP8 decode). Left out:
+    finer promotion (mma_per_promotion < 4 buys accuracy, never speed: 1.1x / 1.3x the
+    time), 2x2 clusters (too few resident clusters: 1.9x the time), pipelined promotion
+    (V4-Pro on the H200: 168 us at M = 4096 and 670 us at M = 16384, against 157 / 649 us
+    for plain 64-row tiles and 136 / 574 us for 128-row tiles) and a K split in 2 (never
+    won); all remain valid Tactics for experts."""
     for tile_m, ewg in itertools.product((64, 128), (1, 2)):
         yield Tactic(tile_m=tile_m, epilogue_warpgroups=ewg)
         if tile_m == 64:
