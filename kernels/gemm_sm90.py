@@ -23,29 +23,24 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
-from cutlass._mlir.dialects import nvvm
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue as epi
-from .gemm_base import SCALE_BLOCK_K, FusedIndexerQGemmBase, GemmConfig
+from .epilogue_sm90 import Sm90EpilogueRoles
+from .gemm_base import SCALE_BLOCK_K, GemmConfig
+from .sm90_parts import (EPI_BUFFERS, HADAMARD_BYTES, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROUP, WORDS_PER_ROW,
+                         Sm90KernelBase, add_partials, issue_wgmmas, reduce_tensor, send_partial, shared_storage,
+                         swizzled_word)
 
-WARPGROUP = 128
-ROWS_PER_CONSUMER = 64
-SMEM_CAPACITY = 227 * 1024
-EPI_BUFFERS = 2  # bf16 tiles in flight between the consumers and the epilogue warpgroup
-# The epilogue's row layout by its warpgroup count: 4 lanes a row (32 values a thread),
-# or 8 lanes a row (16 values) so that two warpgroups fit the registers one had.
-EPI_LAYOUTS = {1: epi.SM90_EPI_ROW_LAYOUT, 2: epi.SM90_EPI8_ROW_LAYOUT}
-WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
-HADAMARD_BYTES = epi.HEAD_DIM * epi.HEAD_DIM * 2  # the bf16 +-1 matrix of the tensor-core Hadamard
-BAR_HADAMARD_READY = 1  # named barrier (0 is the CTA's): the epilogue's +-1 matrix is in shared memory
+# The epilogue's lanes a row by its warpgroup count: 4 (32 values a thread), or 8 (16
+# values) so that two warpgroups fit the registers one had.
+EPI_LANES_PER_ROW = {1: 4, 2: 8}
 
 
-class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
-    arch = "sm_90a"
+class Sm90FusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
     supported_kinds = ("native",)
     split_k_choices = (1, 2, 4)  # rank 0 holds split_k - 1 partial tiles in shared memory
-    epilogue_warpgroup_choices = tuple(EPI_LAYOUTS)
+    epilogue_warpgroup_choices = tuple(EPI_LANES_PER_ROW)
     has_tensor_core_hadamard = True
     ptx_signature = ("wgmma.mma_async e4m3", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3")
 
@@ -87,45 +82,19 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         super().__init__(config)
         self.stages = config.stages or self.max_stages(config)
         self.tile_shape_mnk = (config.tile_m, epi.HEAD_DIM, SCALE_BLOCK_K)
+        self.tile_rows = config.tile_m
         self.num_consumers = config.tile_m // ROWS_PER_CONSUMER
-        self.epi_wg = 1 + self.num_consumers  # the first epilogue warpgroup
         self.epi_wgs = config.epilogue_warpgroups
-        self.threads = WARPGROUP * (1 + self.num_consumers + self.epi_wgs)
         self.split_k = config.split_k
         # The launch cluster: the K split's ranks, or the multicast partners.
         self.cluster_shape_mn = (config.split_k, 1) if config.split_k > 1 else (config.cluster_m, config.cluster_n)
-        self.row_layout = EPI_LAYOUTS[self.epi_wgs]
-        self.lanes_per_row = self.row_layout.lanes_per_row
-        self.rows_per_pass = self.epi_wgs * WARPGROUP // self.lanes_per_row
         # 64-row tiles serve decode, where the partial tile is most of the work: their
         # epilogue skips warps whose rows are all past M (~1 us at M <= 4 on the H200).
         # 128-row tiles keep one branch-free copy of the epilogue: with the skip as a second
         # copy, M = 16384 took 606 us instead of 560.
         self.skip_rows_past_m = config.tile_m == 64
         self.tc_hadamard = config.uses_tensor_core_hadamard
-        self._split_registers()
-
-    def _split_registers(self):
-        """setmaxnreg budgets. They move registers inside the CTA's launch allocation
-        (ptxas's entry register count, 65536 / threads rounded down to 8, x threads): a
-        split that needs more makes the consumers' increase wait forever (seen on the
-        H200). tests/test_compile.py checks the split against the entry count ptxas chose."""
-        launch = (65536 // self.threads) // 8 * 8
-        self.launch_regs = launch
-        pool = launch * self.threads
-        # The tensor-core Hadamard keeps a 64-value accumulator and 32 words of A operand
-        # live in the epilogue: it takes the producer's spare registers.
-        self.producer_regs = 40 if self.epi_wgs == 1 and not self.tc_hadamard else 24
-        if self.num_consumers == 1:
-            self.consumer_regs = 232
-        else:  # two accumulators of 64 a thread, plus addressing
-            self.consumer_regs = 168 if self.epi_wgs == 1 else 160  # 152 spills
-        rest = pool - WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs)
-        self.epilogue_regs = min(160 if self.tc_hadamard else 128, rest // (WARPGROUP * self.epi_wgs) // 8 * 8)
-        total = WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs
-                             + self.epi_wgs * self.epilogue_regs)
-        assert total <= pool and self.epilogue_regs >= 64, (
-            f"setmaxnreg budgets: {total} of {pool} registers, epilogue {self.epilogue_regs}")
+        self._setup_roles(EPI_LANES_PER_ROW[self.epi_wgs])
 
     def operand_args(self, m, n: int, k: int) -> list:
         """fp8 A [M, K], f32 activation scales [M, K/128], fp8 W [N, K], f32 W scales."""
@@ -227,37 +196,11 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         epi_words = EPI_BUFFERS * bm * WORDS_PER_ROW
         reduce_words = max(1, (self.split_k - 1) * bm * bn)
 
-        @cute.struct
-        class SharedStorage:
-            pipeline_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            epi_mbar: cute.struct.MemRange[cutlass.Int64, EPI_BUFFERS * 2]
-            # K split: [0, split_k - 1) "slot full" (rank 0), [split_k - 1] "slot free" (others)
-            reduce_mbar: cute.struct.MemRange[cutlass.Int64, self.split_k]
-            sReduce: cute.struct.Align[cute.struct.MemRange[Int32, reduce_words], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[Int32, epi_words], 1024]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024
-            ]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024
-            ]
-
-        @cute.struct
-        class SharedStorageWithHadamard:
-            pipeline_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            epi_mbar: cute.struct.MemRange[cutlass.Int64, EPI_BUFFERS * 2]
-            reduce_mbar: cute.struct.MemRange[cutlass.Int64, self.split_k]
-            sReduce: cute.struct.Align[cute.struct.MemRange[Int32, reduce_words], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[Int32, epi_words], 1024]
-            sH: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(self.h_smem_layout)], 1024]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024
-            ]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024
-            ]
-
-        self.shared_storage = SharedStorageWithHadamard if self.tc_hadamard else SharedStorage
+        self.shared_storage = shared_storage(
+            stages=stages, split_k=self.split_k, reduce_words=reduce_words, epi_words=epi_words,
+            hadamard_elems=cute.cosize(self.h_smem_layout) if self.tc_hadamard else 0,
+            operands=[("sA", self.a_dtype, cute.cosize(self.a_smem_staged)),
+                      ("sB", self.b_dtype, cute.cosize(self.b_smem_staged))])
         self.kernel(
             tma_atom_a,
             tma_a,
@@ -360,10 +303,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                     cute.arch.mbarrier_init(reduce_full + slot, 1)
                 cute.arch.mbarrier_init(reduce_free, WARPGROUP)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
-        # fp32 partial tiles [slot, chunk, consumer thread, 4]: 16-byte chunks, thread-minor.
-        sReduce = storage.sReduce.get_tensor(cute.make_layout(
-            (max(1, self.split_k - 1), bm * bn // (WARPGROUP * 4), WARPGROUP, 4),
-            stride=(bm * bn, WARPGROUP * 4, 4, 1)))
+        sReduce = reduce_tensor(storage, self.split_k, bm * bn // WARPGROUP)
         # bf16 tiles for the epilogue: [buffer, row, word], 16-byte chunks XOR-swizzled by row.
         sQ = storage.sQ.get_tensor(cute.make_layout((EPI_BUFFERS, bm, WORDS_PER_ROW),
                                                     stride=(bm * WORDS_PER_ROW, WORDS_PER_ROW, 1)))
@@ -407,11 +347,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                     a_mcast_mask, b_mcast_mask, k_begin, k_end, sched_params,
                 )
         elif warpgroup >= self.epi_wg:
-            # setmaxnreg.dec may only lower the count (raising is an illegal instruction)
-            if cutlass.const_expr(self.epilogue_regs > self.launch_regs):
-                cute.arch.setmaxregister_increase(self.epilogue_regs)
-            else:
-                cute.arch.setmaxregister_decrease(self.epilogue_regs)
+            self._set_epilogue_registers()
             if cta_rank == 0 or cutlass.const_expr(self.split_k == 1):  # K-split rank 0 writes
                 if cutlass.const_expr(self.tc_hadamard):
                     sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
@@ -559,13 +495,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                     ab_pipeline.consumer_wait(read_state)
                     per = self.config.mma_per_promotion
                     for group in cutlass.range_constexpr(mma_per_stage // per):
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                        cute.nvgpu.warpgroup.fence()
-                        for kb in cutlass.range_constexpr(group * per, (group + 1) * per):
-                            coord = (None, None, kb, read_state.index)
-                            cute.gemm(tiled_mma, partial, tCrA[coord], tCrB[coord], partial)
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                        cute.nvgpu.warpgroup.commit_group()
+                        tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(group * per, (group + 1) * per),
+                                     read_state.index)
                         cute.nvgpu.warpgroup.wait_group(0)
                         if cutlass.const_expr(group == mma_per_stage // per - 1):
                             ab_pipeline.consumer_release(read_state)
@@ -578,9 +509,9 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
                     read_state.advance()
 
             if cutlass.const_expr(role == "send"):
-                self._send_partial(acc, reduce, ctidx, tiles_done)
+                send_partial(acc, reduce, ctidx, tiles_done)
             if cutlass.const_expr(role == "reduce"):
-                self._add_partials(acc, reduce, ctidx, tiles_done)
+                add_partials(acc, reduce, ctidx, tiles_done, bm * bn * 4)
             tiles_done += 1
             if cutlass.const_expr(role != "send"):
                 self._hand_to_epilogue(acc, epi_pipeline, epi_state, sQ, row_in_tile, quad_lane)
@@ -599,38 +530,8 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             r = row_in_tile + 8 * h
             for j in range(16):
                 word = epi.bf16x2_word(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1])
-                sQ[epi_state.index, r, self._swizzled_word(r, j * 4 + quad_lane)] = word
+                sQ[epi_state.index, r, swizzled_word(r, j * 4 + quad_lane)] = word
         epi_pipeline.producer_commit(epi_state)
-
-    @cute.jit
-    def _send_partial(self, acc, reduce, ctidx, tiles_done):
-        """K-split rank r >= 1: once rank 0 has freed slot r-1, store this thread's fp32
-        accumulators into it (st.async, completing bytes on rank 0's "slot full" barrier)."""
-        full, free, sReduce = reduce
-        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        slot = rank - 1
-        cute.arch.mbarrier_wait(free, (tiles_done & 1) ^ 1)
-        for c in cutlass.range_constexpr(cute.size(sReduce, mode=[1])):
-            words = tuple(acc[4 * c + j].bitcast(Int32) for j in range(4))
-            dst = sReduce[(slot, c, ctidx, None)].iterator
-            cute.arch.store_async_dsmem(dst, words, full + slot, 0)
-
-    @cute.jit
-    def _add_partials(self, acc, reduce, ctidx, tiles_done):
-        """K-split rank 0: add ranks 1.. partial tiles in rank order, then free their slots."""
-        full, free, sReduce = reduce
-        slots = cute.size(sReduce, mode=[0])
-        if ctidx == 0:
-            for slot in cutlass.range_constexpr(slots):
-                cute.arch.mbarrier_arrive_and_expect_tx(full + slot, self.tile_shape_mnk[0] * self.tile_shape_mnk[1] * 4)
-        for slot in cutlass.range_constexpr(slots):
-            cute.arch.mbarrier_wait(full + slot, tiles_done & 1)
-            for c in cutlass.range_constexpr(cute.size(sReduce, mode=[1])):
-                for j in cutlass.range_constexpr(4):
-                    acc[4 * c + j] = acc[4 * c + j] + sReduce[slot, c, ctidx, j].bitcast(Float32)
-        for slot in cutlass.range_constexpr(slots):
-            # cluster scope: the reads above must be done before rank slot+1 overwrites
-            cute.arch.mbarrier_arrive(free, peer_cta_rank_in_cluster=slot + 1, scope=nvvm.MemScopeKind.CLUSTER)
 
     @staticmethod
     def _promote(acc, partial, s0, s1):
@@ -645,17 +546,11 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         j+1's WGMMAs: blocks alternate between partials p0 (even j) and p1 (odd j); a block's
         scales are loaded when its WGMMAs are issued and used after they complete. Every
         pipeline-state step is unconditional (the last pair is peeled), so the states stay
-        plain loop-carried values. (The WGMMA issue is written out four times: the MMA
-        atom's accumulate flag must be rebound in this function's own loop body.)"""
+        plain loop-carried values."""
         mma_per_stage = cute.size(tCrA, mode=[2])
         issue_state = read_state.clone()
         ab_pipeline.consumer_wait(issue_state)
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-        cute.nvgpu.warpgroup.fence()
-        for kb in cutlass.range_constexpr(mma_per_stage):
-            cute.gemm(tiled_mma, p0, tCrA[None, None, kb, issue_state.index], tCrB[None, None, kb, issue_state.index], p0)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        cute.nvgpu.warpgroup.commit_group()
+        tiled_mma = issue_wgmmas(tiled_mma, p0, tCrA, tCrB, range(mma_per_stage), issue_state.index)
         issue_state.advance()
         e0 = a_scale[srow0, 0] * w_scale[head, 0]
         e1 = a_scale[srow1, 0] * w_scale[head, 0]
@@ -665,12 +560,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         for kp in cutlass.range_constexpr(0, k_tiles - 2, 2):
             # block kp+1 -> p1, then promote block kp (p0)
             ab_pipeline.consumer_wait(issue_state)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-            cute.nvgpu.warpgroup.fence()
-            for kb in cutlass.range_constexpr(mma_per_stage):
-                cute.gemm(tiled_mma, p1, tCrA[None, None, kb, issue_state.index], tCrB[None, None, kb, issue_state.index], p1)
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            cute.nvgpu.warpgroup.commit_group()
+            tiled_mma = issue_wgmmas(tiled_mma, p1, tCrA, tCrB, range(mma_per_stage), issue_state.index)
             issue_state.advance()
             cute.nvgpu.warpgroup.wait_group(1)
             o0 = a_scale[srow0, kp + 1] * w_scale[head, kp + 1]
@@ -680,12 +570,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
             self._promote(acc, p0, e0, e1)
             # block kp+2 -> p0, then promote block kp+1 (p1)
             ab_pipeline.consumer_wait(issue_state)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-            cute.nvgpu.warpgroup.fence()
-            for kb in cutlass.range_constexpr(mma_per_stage):
-                cute.gemm(tiled_mma, p0, tCrA[None, None, kb, issue_state.index], tCrB[None, None, kb, issue_state.index], p0)
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            cute.nvgpu.warpgroup.commit_group()
+            tiled_mma = issue_wgmmas(tiled_mma, p0, tCrA, tCrB, range(mma_per_stage), issue_state.index)
             issue_state.advance()
             cute.nvgpu.warpgroup.wait_group(1)
             e0 = a_scale[srow0, kp + 2] * w_scale[head, kp + 2]
@@ -696,12 +581,7 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
         # the last pair: block k_tiles-1 -> p1, promote k_tiles-2 (p0), then k_tiles-1 (p1)
         last = k_tiles - 1
         ab_pipeline.consumer_wait(issue_state)
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-        cute.nvgpu.warpgroup.fence()
-        for kb in cutlass.range_constexpr(mma_per_stage):
-            cute.gemm(tiled_mma, p1, tCrA[None, None, kb, issue_state.index], tCrB[None, None, kb, issue_state.index], p1)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        cute.nvgpu.warpgroup.commit_group()
+        tiled_mma = issue_wgmmas(tiled_mma, p1, tCrA, tCrB, range(mma_per_stage), issue_state.index)
         o0 = a_scale[srow0, last] * w_scale[head, last]
         o1 = a_scale[srow1, last] * w_scale[head, last]
         cute.nvgpu.warpgroup.wait_group(1)
@@ -717,209 +597,3 @@ class Sm90FusedIndexerQ(FusedIndexerQGemmBase):
     def _m_tile(self, tile):
         """The token tile of a scheduler tile: a K split's ranks share one (see __call__)."""
         return tile[0] // self.split_k
-
-    @staticmethod
-    def _swizzled_word(row, word):
-        """Word index inside a row of the bf16 tile: the 16-byte chunk is XORed with
-        row % 8, so the consumers' 4-byte and the epilogue's 16-byte accesses are both
-        free of bank conflicts."""
-        return ((word >> 2) ^ (row & 7)) * 4 + (word & 3)
-
-    @cute.jit
-    def _epilogue(self, epi_pipeline, sQ, etidx, sched_params, positions, cos_sin, out_q, out_scale, m):
-        bm = self.tile_shape_mnk[0]
-        layout = self.row_layout
-        num_pos = cos_sin.shape[0]
-        lane = cute.arch.lane_idx()
-        lane_in_row = lane % self.lanes_per_row
-        row_in_pass = (etidx // 32) * (32 // self.lanes_per_row) + lane // self.lanes_per_row
-        lane_cols = layout.column_lane_bits(lane_in_row)
-        passes = bm // self.rows_per_pass
-        # cos/sin rows are requested this many passes ahead; one when the epilogue has
-        # fewer than 128 registers (two warpgroups beside two consumers: 64, no spills)
-        ahead = 2 if self.epilogue_regs >= 128 else 1
-        if cutlass.const_expr(self.config.pdl):
-            # positions / cos_sin are read only after the previous grid (the quantizer),
-            # so nothing launched before it can still be writing them; no cost: the
-            # first tile needs the quantizer's output anyway.
-            cute.arch.griddepcontrol_wait()
-
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work = sched.initial_work_tile_info()
-        epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, EPI_BUFFERS)
-        while work.is_valid_tile:
-            tile = work.tile_idx
-            head = tile[1]
-            rows = [self._m_tile(tile) * bm + p * self.rows_per_pass + row_in_pass for p in range(passes)]
-            # Everything below is one basic block (stores are predicated), and the cos/sin
-            # rows are requested before the tile is ready, so their latency overlaps the wait.
-            cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
-                  for p in range(min(ahead, passes) if self.config.epilogue else 0)]
-            epi_pipeline.consumer_wait(epi_state)
-            # The profiling probe (epilogue=False) only takes the tile and gives the buffer back.
-            if cutlass.const_expr(self.config.epilogue):
-                tile_row0 = self._m_tile(tile) * bm
-                if cutlass.const_expr(not self.skip_rows_past_m):
-                    self._epilogue_passes(sQ, epi_state.index, rows, cs, ahead, row_in_pass, lane_in_row,
-                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
-                elif tile_row0 + bm <= m:
-                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
-                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
-                else:
-                    # The last, partial tile: a warp skips the passes where all its rows
-                    # are past M (decode: M = 1 runs one warp's pass, not the whole tile's).
-                    warp_row0 = tile_row0 + cute.arch.make_warp_uniform(etidx // 32) * (32 // self.lanes_per_row)
-                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
-                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale,
-                                          warp_row0)
-            epi_pipeline.consumer_release(epi_state)
-            epi_state.advance()
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
-
-    @cute.jit
-    def _epilogue_tc_hadamard(self, epi_pipeline, sQ, sH, h_mma, etidx, sched_params, positions, cos_sin,
-                              out_q, out_scale, m):
-        """The epilogue with the Hadamard on the tensor cores, 64 rows at a time: each thread
-        takes the bf16 values the consumer thread of the same index wrote (the WGMMA
-        accumulator's layout is also the register A operand's), applies RoPE in registers,
-        multiplies by the column-permuted +-1 matrix (one m64n128k16 WGMMA per 16 columns)
-        and quantizes whole MXFP4 blocks (or FP8 head quarters) it alone holds."""
-        bm = self.tile_shape_mnk[0]
-        in_layout = epi.SM90_MMA_ROW_LAYOUT
-        num_pos = cos_sin.shape[0]
-        lane = cute.arch.lane_idx()
-        quad_lane = lane % 4
-        warp = cute.arch.make_warp_uniform(etidx // 32)
-        row_in_chunk = warp * 16 + lane // 4  # and 8 below it
-        in_cols = in_layout.column_lane_bits(quad_lane)
-        chunks = bm // ROWS_PER_CONSUMER
-
-        # The +-1 matrix as B[n, k] = H[k][output column of n], built once.
-        out_col = epi.hadamard_output_column(etidx)
-        for kk in cutlass.range(epi.HEAD_DIM, unroll=8):
-            sH[etidx, kk] = epi.sylvester_sign(kk, out_col).to(cutlass.BFloat16)
-        cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
-        cute.arch.barrier(barrier_id=BAR_HADAMARD_READY, number_of_threads=WARPGROUP)
-
-        thr = h_mma.get_slice(etidx)
-        tHrB = h_mma.make_fragment_B(thr.partition_B(sH))
-        tHrA = h_mma.make_fragment_A(thr.partition_shape_A((ROWS_PER_CONSUMER, epi.HEAD_DIM)))
-        a_words = cute.recast_tensor(tHrA, Int32)  # word h + 2j: row + 8h, columns 8j + 2q + {0, 1}
-        acc = cute.make_rmem_tensor(thr.partition_shape_C((ROWS_PER_CONSUMER, epi.HEAD_DIM)), Float32)
-        if cutlass.const_expr(self.config.pdl):
-            cute.arch.griddepcontrol_wait()  # see _epilogue
-
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work = sched.initial_work_tile_info()
-        epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, EPI_BUFFERS)
-        # cos/sin of the chunk to come, requested one chunk ahead (across tiles too: the
-        # next tile's first chunk loads under this tile's last quantization). A row past M
-        # (or of a tile past the last) reads row M - 1's, never out of bounds.
-        cs = self._tc_cos_sin(self._m_tile(work.tile_idx) * bm + row_in_chunk, m, num_pos, positions, cos_sin,
-                              in_cols)
-        while work.is_valid_tile:
-            tile = work.tile_idx
-            head = tile[1]
-            row0 = self._m_tile(tile) * bm + row_in_chunk
-            sched.advance_to_next_work()
-            nxt = sched.get_current_work()
-            next_row0 = self._m_tile(nxt.tile_idx) * bm + row_in_chunk
-            epi_pipeline.consumer_wait(epi_state)
-            if cutlass.const_expr(not self.config.epilogue):
-                epi_pipeline.consumer_release(epi_state)  # the profiling probe takes the tile only
-            else:
-                for c in cutlass.range_constexpr(chunks):
-                    self._tc_hadamard_chunk(c, cs, epi_pipeline, epi_state, sQ, h_mma, tHrA, tHrB, a_words, acc,
-                                            row_in_chunk, quad_lane)
-                    cs = self._tc_cos_sin(row0 + (c + 1) * ROWS_PER_CONSUMER if c + 1 < chunks else next_row0,
-                                          m, num_pos, positions, cos_sin, in_cols)
-                    if cutlass.const_expr(self.skip_rows_past_m):
-                        # decode: a warp whose 16 rows are all past M skips its quantization
-                        if row0 - lane // 4 + c * ROWS_PER_CONSUMER < m:
-                            self._tc_hadamard_quantize(acc, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head,
-                                                       out_q, out_scale)
-                    else:
-                        self._tc_hadamard_quantize(acc, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head, out_q,
-                                                   out_scale)
-            epi_state.advance()
-            work = nxt
-
-    @staticmethod
-    def _tc_cos_sin(row0, m, num_pos, positions, cos_sin, in_cols):
-        """cos/sin of rows row0 and row0 + 8 (a thread's two rows of a chunk), flat:
-        [cos row0, sin row0, cos row0+8, sin row0+8], 8 values each."""
-        out = []
-        for h in range(2):
-            c, s = epi.load_cos_sin_scalar(epi.SM90_MMA_ROW_LAYOUT, row0 + 8 * h, m, num_pos, positions, cos_sin,
-                                           in_cols)
-            out.extend(c + s)
-        return out
-
-    def _tc_hadamard_chunk(self, c, cs, epi_pipeline, epi_state, sQ, h_mma, tHrA, tHrB, a_words, acc,
-                           row_in_chunk, quad_lane):
-        """Chunk c (64 rows) of the tile: bf16 rows from the buffer, RoPE into the A
-        registers, then the Hadamard's WGMMAs into acc (waited for)."""
-        in_layout = epi.SM90_MMA_ROW_LAYOUT
-        for h in range(2):
-            r = c * ROWS_PER_CONSUMER + row_in_chunk + 8 * h
-            words = [sQ[epi_state.index, r, self._swizzled_word(r, 4 * j + quad_lane)] for j in range(16)]
-            pairs = in_layout.rope_pairs()
-            for k, (local, _) in enumerate(pairs):
-                x, y = epi.bf16x2_unpack(words[local // 2])
-                cos_k, sin_k = cs[2 * h * len(pairs) + k], cs[(2 * h + 1) * len(pairs) + k]
-                words[local // 2] = epi.rope_pair_word(x, y, cos_k, sin_k)
-            for j in range(16):
-                a_words[h + 2 * j] = words[j]
-        if c == self.tile_shape_mnk[0] // ROWS_PER_CONSUMER - 1:
-            epi_pipeline.consumer_release(epi_state)  # the tile's bf16 values are all in registers
-        h_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-        cute.nvgpu.warpgroup.fence()
-        for kb in range(cute.size(tHrA, mode=[2])):
-            cute.gemm(h_mma, acc, tHrA[None, None, kb], tHrB[None, None, kb], acc)
-            h_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        cute.nvgpu.warpgroup.commit_group()
-        cute.nvgpu.warpgroup.wait_group(0)
-
-    def _tc_hadamard_quantize(self, acc, quad_lane, row0, m, head, out_q, out_scale):
-        """Scale, bf16, quantize and store the chunk's two rows a thread (row0, row0 + 8)."""
-        out_layout = epi.SM90_MMA_HADAMARD_OUT_LAYOUT
-        for h in range(2):
-            # Accumulator value v + 2h + 4j is local 2j + v of the output layout.
-            vals = [acc[4 * (t // 2) + 2 * h + t % 2] for t in range(out_layout.num_local)]
-            vals = epi.hadamard_scale_round(vals)
-            epi.quantize_store_row(vals, out_layout, quad_lane, self.config, row0 + 8 * h, m, head, out_q,
-                                   out_scale, vector=True)
-
-    @cute.jit
-    def _epilogue_passes(self, sQ, buf, rows, cs, ahead, row_in_pass, lane_in_row, lane_cols, head, m,
-                         num_pos, positions, cos_sin, out_q, out_scale, warp_row0):
-        """The tile's passes of rows. warp_row0 None: a full tile, one basic block (stores
-        predicated); else each pass runs only in warps that hold a row below M."""
-        layout = self.row_layout
-        passes = len(rows)
-        for p in cutlass.range_constexpr(passes):
-            if cutlass.const_expr(p + ahead < passes):
-                cs.append(epi.load_cos_sin(layout, rows[p + ahead], m, num_pos, positions, cos_sin, lane_cols))
-            r = p * self.rows_per_pass + row_in_pass
-            if cutlass.const_expr(warp_row0 is None):
-                vals = self._load_row(sQ, buf, r, layout, lane_cols)
-                epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
-                                      out_q, out_scale)
-            else:
-                if warp_row0 + p * self.rows_per_pass < m:
-                    vals = self._load_row(sQ, buf, r, layout, lane_cols)
-                    epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
-                                          out_q, out_scale)
-
-    def _load_row(self, sQ, buf, r, layout, lane_cols):
-        """The thread's 32 bf16 values of row r (local order), as exact fp32."""
-        vals = [None] * layout.num_local
-        for local in range(0, layout.num_local, 2):
-            word = (lane_cols + layout.column_static(local)) >> 1
-            vals[local], vals[local + 1] = epi.bf16x2_unpack(sQ[buf, r, self._swizzled_word(r, word)])
-        return vals

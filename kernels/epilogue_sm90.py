@@ -1,0 +1,227 @@
+"""The sm_90a epilogue warpgroup(s), shared by the native and the swapped-A/B kernels.
+
+The consumers hand each finished tile over as bf16 rows of one head (SPEC step 2's
+rounding) in one of EPI_BUFFERS shared-memory buffers, [buffer, token row, word], the
+16-byte chunks swizzled by row (sm90_parts.swizzled_word). The epilogue warpgroup(s)
+read it back a row at a time (4 or 8 lanes a row) and run kernels/epilogue.py: RoPE,
+the Hadamard (a butterfly of shuffles, or a bf16 WGMMA against the +-1 matrix) and
+MXFP4 / FP8 quantization with their stores. Everything here overlaps the next tile's
+mainloop.
+
+A kernel class that mixes this in sets: tile_rows (token rows of a tile), row_layout,
+lanes_per_row, rows_per_pass, epilogue_regs, skip_rows_past_m, config and _m_tile().
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+from cutlass import Float32, Int32
+
+from . import epilogue as epi
+from .sm90_parts import (BAR_HADAMARD_READY, EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, issue_wgmmas,
+                         swizzled_word)
+
+
+class Sm90EpilogueRoles:
+    @cute.jit
+    def _epilogue(self, epi_pipeline, sQ, etidx, sched_params, positions, cos_sin, out_q, out_scale, m):
+        bm = self.tile_rows
+        layout = self.row_layout
+        num_pos = cos_sin.shape[0]
+        lane = cute.arch.lane_idx()
+        lane_in_row = lane % self.lanes_per_row
+        row_in_pass = (etidx // 32) * (32 // self.lanes_per_row) + lane // self.lanes_per_row
+        lane_cols = layout.column_lane_bits(lane_in_row)
+        # A tile smaller than a pass (swapped-A/B decode tiles): one pass, warps past the tile skip it.
+        passes = max(1, bm // self.rows_per_pass)
+        small_tile = bm < self.rows_per_pass
+        # cos/sin rows are requested this many passes ahead; one when the epilogue has
+        # fewer than 128 registers (two warpgroups beside two consumers: 64, no spills)
+        ahead = 2 if self.epilogue_regs >= 128 else 1
+        if cutlass.const_expr(self.config.pdl):
+            # positions / cos_sin are read only after the previous grid (the quantizer),
+            # so nothing launched before it can still be writing them; no cost: the
+            # first tile needs the quantizer's output anyway.
+            cute.arch.griddepcontrol_wait()
+
+        sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work = sched.initial_work_tile_info()
+        epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, EPI_BUFFERS)
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            head = tile[1]
+            rows = [self._m_tile(tile) * bm + p * self.rows_per_pass + row_in_pass for p in range(passes)]
+            # Everything below is one basic block (stores are predicated), and the cos/sin
+            # rows are requested before the tile is ready, so their latency overlaps the wait.
+            cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
+                  for p in range(min(ahead, passes) if self.config.epilogue else 0)]
+            epi_pipeline.consumer_wait(epi_state)
+            # The profiling probe (epilogue=False) only takes the tile and gives the buffer back.
+            if cutlass.const_expr(self.config.epilogue):
+                tile_row0 = self._m_tile(tile) * bm
+                if cutlass.const_expr(not self.skip_rows_past_m):
+                    self._epilogue_passes(sQ, epi_state.index, rows, cs, ahead, row_in_pass, lane_in_row,
+                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
+                elif cutlass.const_expr(small_tile):
+                    warp_row0 = tile_row0 + cute.arch.make_warp_uniform(etidx // 32) * (32 // self.lanes_per_row)
+                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
+                                          lane_cols, head, cutlass.min(m, tile_row0 + bm), num_pos, positions,
+                                          cos_sin, out_q, out_scale, warp_row0)
+                elif tile_row0 + bm <= m:
+                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
+                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
+                else:
+                    # The last, partial tile: a warp skips the passes where all its rows
+                    # are past M (decode: M = 1 runs one warp's pass, not the whole tile's).
+                    warp_row0 = tile_row0 + cute.arch.make_warp_uniform(etidx // 32) * (32 // self.lanes_per_row)
+                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
+                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale,
+                                          warp_row0)
+            epi_pipeline.consumer_release(epi_state)
+            epi_state.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+
+    @cute.jit
+    def _epilogue_tc_hadamard(self, epi_pipeline, sQ, sH, h_mma, etidx, sched_params, positions, cos_sin,
+                              out_q, out_scale, m):
+        """The epilogue with the Hadamard on the tensor cores, 64 rows at a time: each thread
+        takes the bf16 values the consumer thread of the same index wrote (the WGMMA
+        accumulator's layout is also the register A operand's), applies RoPE in registers,
+        multiplies by the column-permuted +-1 matrix (one m64n128k16 WGMMA per 16 columns)
+        and quantizes whole MXFP4 blocks (or FP8 head quarters) it alone holds."""
+        bm = self.tile_rows
+        in_layout = epi.SM90_MMA_ROW_LAYOUT
+        num_pos = cos_sin.shape[0]
+        lane = cute.arch.lane_idx()
+        quad_lane = lane % 4
+        warp = cute.arch.make_warp_uniform(etidx // 32)
+        row_in_chunk = warp * 16 + lane // 4  # and 8 below it
+        in_cols = in_layout.column_lane_bits(quad_lane)
+        chunks = bm // ROWS_PER_CONSUMER
+
+        # The +-1 matrix as B[n, k] = H[k][output column of n], built once.
+        out_col = epi.hadamard_output_column(etidx)
+        for kk in cutlass.range(epi.HEAD_DIM, unroll=8):
+            sH[etidx, kk] = epi.sylvester_sign(kk, out_col).to(cutlass.BFloat16)
+        cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
+        cute.arch.barrier(barrier_id=BAR_HADAMARD_READY, number_of_threads=WARPGROUP)
+
+        thr = h_mma.get_slice(etidx)
+        tHrB = h_mma.make_fragment_B(thr.partition_B(sH))
+        tHrA = h_mma.make_fragment_A(thr.partition_shape_A((ROWS_PER_CONSUMER, epi.HEAD_DIM)))
+        a_words = cute.recast_tensor(tHrA, Int32)  # word h + 2j: row + 8h, columns 8j + 2q + {0, 1}
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((ROWS_PER_CONSUMER, epi.HEAD_DIM)), Float32)
+        if cutlass.const_expr(self.config.pdl):
+            cute.arch.griddepcontrol_wait()  # see _epilogue
+
+        sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work = sched.initial_work_tile_info()
+        epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, EPI_BUFFERS)
+        # cos/sin of the chunk to come, requested one chunk ahead (across tiles too: the
+        # next tile's first chunk loads under this tile's last quantization). A row past M
+        # (or of a tile past the last) reads row M - 1's, never out of bounds.
+        cs = self._tc_cos_sin(self._m_tile(work.tile_idx) * bm + row_in_chunk, m, num_pos, positions, cos_sin,
+                              in_cols)
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            head = tile[1]
+            row0 = self._m_tile(tile) * bm + row_in_chunk
+            sched.advance_to_next_work()
+            nxt = sched.get_current_work()
+            next_row0 = self._m_tile(nxt.tile_idx) * bm + row_in_chunk
+            epi_pipeline.consumer_wait(epi_state)
+            if cutlass.const_expr(not self.config.epilogue):
+                epi_pipeline.consumer_release(epi_state)  # the profiling probe takes the tile only
+            else:
+                for c in cutlass.range_constexpr(chunks):
+                    self._tc_hadamard_chunk(c, cs, epi_pipeline, epi_state, sQ, h_mma, tHrA, tHrB, a_words, acc,
+                                            row_in_chunk, quad_lane)
+                    cs = self._tc_cos_sin(row0 + (c + 1) * ROWS_PER_CONSUMER if c + 1 < chunks else next_row0,
+                                          m, num_pos, positions, cos_sin, in_cols)
+                    if cutlass.const_expr(self.skip_rows_past_m):
+                        # decode: a warp whose 16 rows are all past M skips its quantization
+                        if row0 - lane // 4 + c * ROWS_PER_CONSUMER < m:
+                            self._tc_hadamard_quantize(acc, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head,
+                                                       out_q, out_scale)
+                    else:
+                        self._tc_hadamard_quantize(acc, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head, out_q,
+                                                   out_scale)
+            epi_state.advance()
+            work = nxt
+
+    @staticmethod
+    def _tc_cos_sin(row0, m, num_pos, positions, cos_sin, in_cols):
+        """cos/sin of rows row0 and row0 + 8 (a thread's two rows of a chunk), flat:
+        [cos row0, sin row0, cos row0+8, sin row0+8], 8 values each."""
+        out = []
+        for h in range(2):
+            c, s = epi.load_cos_sin_scalar(epi.SM90_MMA_ROW_LAYOUT, row0 + 8 * h, m, num_pos, positions, cos_sin,
+                                           in_cols)
+            out.extend(c + s)
+        return out
+
+    def _tc_hadamard_chunk(self, c, cs, epi_pipeline, epi_state, sQ, h_mma, tHrA, tHrB, a_words, acc,
+                           row_in_chunk, quad_lane):
+        """Chunk c (64 rows) of the tile: bf16 rows from the buffer, RoPE into the A
+        registers, then the Hadamard's WGMMAs into acc (waited for)."""
+        in_layout = epi.SM90_MMA_ROW_LAYOUT
+        for h in range(2):
+            r = c * ROWS_PER_CONSUMER + row_in_chunk + 8 * h
+            words = [sQ[epi_state.index, r, swizzled_word(r, 4 * j + quad_lane)] for j in range(16)]
+            pairs = in_layout.rope_pairs()
+            for k, (local, _) in enumerate(pairs):
+                x, y = epi.bf16x2_unpack(words[local // 2])
+                cos_k, sin_k = cs[2 * h * len(pairs) + k], cs[(2 * h + 1) * len(pairs) + k]
+                words[local // 2] = epi.rope_pair_word(x, y, cos_k, sin_k)
+            for j in range(16):
+                a_words[h + 2 * j] = words[j]
+        if c == self.tile_rows // ROWS_PER_CONSUMER - 1:
+            epi_pipeline.consumer_release(epi_state)  # the tile's bf16 values are all in registers
+        h_mma = issue_wgmmas(h_mma, acc, tHrA, tHrB, range(cute.size(tHrA, mode=[2])))
+        cute.nvgpu.warpgroup.wait_group(0)
+
+    def _tc_hadamard_quantize(self, acc, quad_lane, row0, m, head, out_q, out_scale):
+        """Scale, bf16, quantize and store the chunk's two rows a thread (row0, row0 + 8)."""
+        out_layout = epi.SM90_MMA_HADAMARD_OUT_LAYOUT
+        for h in range(2):
+            # Accumulator value v + 2h + 4j is local 2j + v of the output layout.
+            vals = [acc[4 * (t // 2) + 2 * h + t % 2] for t in range(out_layout.num_local)]
+            vals = epi.hadamard_scale_round(vals)
+            epi.quantize_store_row(vals, out_layout, quad_lane, self.config, row0 + 8 * h, m, head, out_q,
+                                   out_scale, vector=True)
+
+    @cute.jit
+    def _epilogue_passes(self, sQ, buf, rows, cs, ahead, row_in_pass, lane_in_row, lane_cols, head, m,
+                         num_pos, positions, cos_sin, out_q, out_scale, warp_row0):
+        """The tile's passes of rows. warp_row0 None: a full tile, one basic block (stores
+        predicated); else each pass runs only in warps that hold a row below M."""
+        layout = self.row_layout
+        passes = len(rows)
+        for p in cutlass.range_constexpr(passes):
+            if cutlass.const_expr(p + ahead < passes):
+                cs.append(epi.load_cos_sin(layout, rows[p + ahead], m, num_pos, positions, cos_sin, lane_cols))
+            r = p * self.rows_per_pass + row_in_pass
+            if cutlass.const_expr(warp_row0 is None):
+                vals = self._load_row(sQ, buf, r, layout, lane_cols)
+                epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
+                                      out_q, out_scale)
+            else:
+                if warp_row0 + p * self.rows_per_pass < m:
+                    vals = self._load_row(sQ, buf, r, layout, lane_cols)
+                    epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
+                                          out_q, out_scale)
+
+    def _load_row(self, sQ, buf, r, layout, lane_cols):
+        """The thread's 32 bf16 values of row r (local order), as exact fp32."""
+        vals = [None] * layout.num_local
+        for local in range(0, layout.num_local, 2):
+            word = (lane_cols + layout.column_static(local)) >> 1
+            vals[local], vals[local + 1] = epi.bf16x2_unpack(sQ[buf, r, swizzled_word(r, word)])
+        return vals

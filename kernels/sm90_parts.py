@@ -1,0 +1,162 @@
+"""What the sm_90a kernels (native and swapped-A/B) share: warp-role constants, the
+WGMMA issue of a K block, the shared-storage struct, the setmaxnreg split, the K split's
+reduction through distributed shared memory and the bf16 hand-off buffer's swizzle.
+
+Warpgroups of every sm_90a kernel: 0 = TMA producer, 1..C = MMA consumers, C+1.. =
+epilogue (kernels/epilogue_sm90.py).
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import nvvm
+
+from . import epilogue as epi
+from .gemm_base import FusedIndexerQGemmBase
+
+WARPGROUP = 128
+ROWS_PER_CONSUMER = 64  # one m64 WGMMA block
+SMEM_CAPACITY = 227 * 1024
+EPI_BUFFERS = 2  # bf16 tiles in flight between the consumers and the epilogue warpgroup
+# The epilogue's row layout by its lanes a row: 4 lanes (32 values a thread), or 8 lanes
+# (16 values) so that twice the threads fit the registers one warpgroup had, or so that a
+# small tile's rows spread over every thread.
+ROW_LAYOUTS = {4: epi.SM90_EPI_ROW_LAYOUT, 8: epi.SM90_EPI8_ROW_LAYOUT}
+WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
+HADAMARD_BYTES = epi.HEAD_DIM * epi.HEAD_DIM * 2  # the bf16 +-1 matrix of the tensor-core Hadamard
+BAR_HADAMARD_READY = 1  # named barrier (0 is the CTA's): the epilogue's +-1 matrix is in shared memory
+ACCUMULATE = cute.nvgpu.warpgroup.Field.ACCUMULATE
+
+
+def issue_wgmmas(tiled_mma, acc, tCrA, tCrB, k_slices, stage=None):
+    """One commit group of WGMMAs: the K slices `k_slices` (of one shared-memory stage, or
+    of fragments without a stage mode) into `acc`, the first overwriting it. Returns
+    `tiled_mma`, whose accumulate flag this rebinds: callers rebind it in their own body
+    (`tiled_mma = issue_wgmmas(tiled_mma, ...)`), so that the tracer carries the new
+    value out of a loop or branch."""
+    tiled_mma.set(ACCUMULATE, False)
+    cute.nvgpu.warpgroup.fence()
+    for kb in k_slices:
+        coord = (None, None, kb) if stage is None else (None, None, kb, stage)
+        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+        tiled_mma.set(ACCUMULATE, True)
+    cute.nvgpu.warpgroup.commit_group()
+    return tiled_mma
+
+
+def swizzled_word(row, word):
+    """Word index inside a row of a bf16 hand-off tile: the 16-byte chunk is XORed with
+    row % 8, so the consumers' 4-byte and the epilogue's 16-byte accesses are both free
+    of bank conflicts."""
+    return ((word >> 2) ^ (row & 7)) * 4 + (word & 3)
+
+
+def shared_storage(*, stages: int, split_k: int, reduce_words: int, epi_words: int, operands: list,
+                   hadamard_elems: int = 0, extra: list = ()):
+    """The CTA's shared-memory struct: barriers, then 1024-aligned buffers. `operands`:
+    [(name, dtype, elements)] of the MMA operand rings (or resident operands), last;
+    `extra`: [(name, dtype, elements)] placed before them; the tensor-core Hadamard's
+    +-1 matrix (`hadamard_elems` bf16) sits before those."""
+    def buf(dtype, n):
+        return cute.struct.Align[cute.struct.MemRange[dtype, n], 1024]
+
+    fields = {
+        "pipeline_mbar": cute.struct.MemRange[cutlass.Int64, stages * 2],
+        "epi_mbar": cute.struct.MemRange[cutlass.Int64, EPI_BUFFERS * 2],
+        # K split: [0, split_k - 1) "slot full" (rank 0), [split_k - 1] "slot free" (others)
+        "reduce_mbar": cute.struct.MemRange[cutlass.Int64, split_k],
+        "sReduce": buf(Int32, reduce_words),
+        "sQ": buf(Int32, epi_words),
+    }
+    if hadamard_elems:
+        fields["sH"] = buf(cutlass.BFloat16, hadamard_elems)
+    for name, dtype, n in list(extra) + list(operands):
+        fields[name] = buf(dtype, n)
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+
+def reduce_tensor(storage, split_k: int, values_per_thread: int):
+    """Rank 0's slots for the other K-split ranks' fp32 partial tiles, [slot, chunk,
+    consumer thread, 4]: 16-byte chunks, thread-minor."""
+    tile = WARPGROUP * values_per_thread
+    return storage.sReduce.get_tensor(cute.make_layout(
+        (max(1, split_k - 1), values_per_thread // 4, WARPGROUP, 4),
+        stride=(tile, WARPGROUP * 4, 4, 1)))
+
+
+@cute.jit
+def send_partial(acc, reduce, ctidx, tiles_done):
+    """K-split rank r >= 1: once rank 0 has freed slot r-1, store this thread's fp32
+    accumulators into it (st.async, completing bytes on rank 0's "slot full" barrier)."""
+    full, free, sReduce = reduce
+    rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+    slot = rank - 1
+    cute.arch.mbarrier_wait(free, (tiles_done & 1) ^ 1)
+    for c in cutlass.range_constexpr(cute.size(sReduce, mode=[1])):
+        words = tuple(acc[4 * c + j].bitcast(Int32) for j in range(4))
+        dst = sReduce[(slot, c, ctidx, None)].iterator
+        cute.arch.store_async_dsmem(dst, words, full + slot, 0)
+
+
+@cute.jit
+def add_partials(acc, reduce, ctidx, tiles_done, tile_bytes: cutlass.Constexpr):
+    """K-split rank 0: add ranks 1.. partial tiles in rank order, then free their slots."""
+    full, free, sReduce = reduce
+    slots = cute.size(sReduce, mode=[0])
+    if ctidx == 0:
+        for slot in cutlass.range_constexpr(slots):
+            cute.arch.mbarrier_arrive_and_expect_tx(full + slot, tile_bytes)
+    for slot in cutlass.range_constexpr(slots):
+        cute.arch.mbarrier_wait(full + slot, tiles_done & 1)
+        for c in cutlass.range_constexpr(cute.size(sReduce, mode=[1])):
+            for j in cutlass.range_constexpr(4):
+                acc[4 * c + j] = acc[4 * c + j] + sReduce[slot, c, ctidx, j].bitcast(Float32)
+    for slot in cutlass.range_constexpr(slots):
+        # cluster scope: the reads above must be done before rank slot+1 overwrites
+        cute.arch.mbarrier_arrive(free, peer_cta_rank_in_cluster=slot + 1, scope=nvvm.MemScopeKind.CLUSTER)
+
+
+class Sm90KernelBase(FusedIndexerQGemmBase):
+    """Warp roles and the setmaxnreg split of an sm_90a kernel. Subclasses set
+    num_consumers, epi_wgs, tc_hadamard and the epilogue's row layout before calling
+    _setup_roles()."""
+
+    arch = "sm_90a"
+
+    def _setup_roles(self, lanes_per_row: int):
+        self.epi_wg = 1 + self.num_consumers  # the first epilogue warpgroup
+        self.threads = WARPGROUP * (1 + self.num_consumers + self.epi_wgs)
+        self.row_layout = ROW_LAYOUTS[lanes_per_row]
+        self.lanes_per_row = lanes_per_row
+        self.rows_per_pass = self.epi_wgs * WARPGROUP // lanes_per_row
+        self._split_registers()
+
+    def _split_registers(self):
+        """setmaxnreg budgets. They move registers inside the CTA's launch allocation
+        (ptxas's entry register count, 65536 / threads rounded down to 8, x threads): a
+        split that needs more makes the consumers' increase wait forever (seen on the
+        H200). tests/test_compile.py checks the split against the entry count ptxas chose."""
+        launch = (65536 // self.threads) // 8 * 8
+        self.launch_regs = launch
+        pool = launch * self.threads
+        # The tensor-core Hadamard keeps a 64-value accumulator and 32 words of A operand
+        # live in the epilogue: it takes the producer's spare registers.
+        self.producer_regs = 40 if self.epi_wgs == 1 and not self.tc_hadamard else 24
+        if self.num_consumers == 1:
+            self.consumer_regs = 232
+        else:  # two accumulators of 64 a thread, plus addressing
+            self.consumer_regs = 168 if self.epi_wgs == 1 else 160  # 152 spills
+        rest = pool - WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs)
+        self.epilogue_regs = min(160 if self.tc_hadamard else 128, rest // (WARPGROUP * self.epi_wgs) // 8 * 8)
+        total = WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs
+                             + self.epi_wgs * self.epilogue_regs)
+        assert total <= pool and self.epilogue_regs >= 64, (
+            f"setmaxnreg budgets: {total} of {pool} registers, epilogue {self.epilogue_regs}")
+
+    def _set_epilogue_registers(self):
+        # setmaxnreg.dec may only lower the count (raising is an illegal instruction)
+        if cutlass.const_expr(self.epilogue_regs > self.launch_regs):
+            cute.arch.setmaxregister_increase(self.epilogue_regs)
+        else:
+            cute.arch.setmaxregister_decrease(self.epilogue_regs)
