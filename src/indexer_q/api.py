@@ -8,6 +8,7 @@ import torch
 from . import validate as V
 from . import op  # noqa: F401  (registers torch.ops.indexer_q.fused_indexer_q for torch.compile)
 from .arch import check_arch, detect_arch
+from .checks import check_call  # noqa: F401  (also indexer_q.api.check_call, as before)
 from .weights import IndexerQWeights, build_extras
 
 
@@ -70,20 +71,6 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
 
 def _tactic_field(tactic, name, default):
     return tactic.get(name, default) if isinstance(tactic, dict) else getattr(tactic, name, default)
-
-
-def check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format) -> int:
-    """Every check of a fused_indexer_q call, before any launch; returns T."""
-    from . import dispatch
-    from .env import check_mode
-
-    prob = V.check_kernel_inputs(qr, weights, positions, cos_sin, hadamard=hadamard,
-                                 fp4_rounding=fp4_rounding, out_format=out_format,
-                                 device_arch_fn=detect_arch)
-    dispatch.check_available(weights.arch, out_format)
-    if check_mode():
-        V.check_positions_in_range(positions, prob.p)
-    return prob.t
 
 
 def quantize_act_fp8(qr):

@@ -35,7 +35,7 @@ def fused_indexer_q_op(
     The FP8 weight travels as its uint8 bytes: torch's own op checks (opcheck's schema
     test) compare inputs with allclose, which has no float8 kernel."""
     from . import dispatch
-    from .api import check_call
+    from .checks import check_call
     from .validate import check_dtype
     from .weights import IndexerQWeights
 

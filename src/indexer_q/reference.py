@@ -20,6 +20,7 @@ import struct
 import torch
 
 from . import validate as V
+from .scales import ceil_log2_exact, exp2_int, scale_to_ue8m0, ue8m0_to_scale  # noqa: F401  (re-exported)
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -32,26 +33,8 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 # ----------------------------------------------------------------------------------
-# exact helpers
+# exact helpers (ceil_log2_exact, exp2_int, scale_to_ue8m0, ue8m0_to_scale: scales.py)
 # ----------------------------------------------------------------------------------
-def ceil_log2_exact(x: torch.Tensor) -> torch.Tensor:
-    """ceil(log2(x)) for positive normal float32 x, exactly, from the float's bits:
-    exponent field - 127, plus one if the mantissa is non-zero. int32.
-
-    The result is clamped to at most 128: NaN and Inf give 128, i.e. UE8M0 byte 0xFF."""
-    bits = x.to(torch.float32).contiguous().view(torch.int32)
-    exp_field = (bits >> 23) & 0xFF
-    mant_nonzero = (bits & 0x7FFFFF) != 0
-    e = exp_field - 127 + mant_nonzero.to(torch.int32)
-    return torch.clamp(e, max=128).to(torch.int32)
-
-
-def exp2_int(e: torch.Tensor) -> torch.Tensor:
-    """2^e as float64, exactly, for integer e in [-1022, 1023] (built from the bits)."""
-    bits = (e.to(torch.int64) + 1023) << 52
-    return bits.view(torch.float64)
-
-
 def _block_scale_exponent(x_f32: torch.Tensor, qmax: float) -> torch.Tensor:
     """e = ceil_log2(fp32(max(amax, 1e-4) / qmax)) over the last dim (keepdim)."""
     amax = x_f32.abs().amax(dim=-1, keepdim=True)
@@ -83,17 +66,6 @@ def round_f64_to_bf16(x: torch.Tensor) -> torch.Tensor:
     bits = t.view(torch.int32)
     bits = torch.where(inexact & torch.isfinite(t), bits | 1, bits)     # sticky bit
     return bits.view(torch.float32).to(torch.bfloat16)
-
-
-def scale_to_ue8m0(scale: torch.Tensor) -> torch.Tensor:
-    """float32 power-of-two scales 2^e -> UE8M0 bytes e + 127 (uint8); inf -> 0xFF."""
-    bits = scale.to(torch.float32).contiguous().view(torch.int32)
-    return ((bits >> 23) & 0xFF).to(torch.uint8)
-
-
-def ue8m0_to_scale(ue8m0: torch.Tensor) -> torch.Tensor:
-    """UE8M0 bytes -> float32 2^(byte - 127) (byte 0xFF -> inf here, not NaN)."""
-    return exp2_int(ue8m0.to(torch.int32) - 127).to(torch.float32)
 
 
 # ----------------------------------------------------------------------------------

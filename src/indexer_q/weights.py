@@ -11,6 +11,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from .scales import scale_to_ue8m0
+
 # arch -> fn(weight fp8 [N, K], weight_scale fp32 [N/128, K/128]) -> dict of extra tensors
 LAYOUT_BUILDERS: Dict[str, Callable[[torch.Tensor, torch.Tensor], dict]] = {}
 
@@ -21,8 +23,6 @@ def sf_atom_layout(scale_128: torch.Tensor, rows: int) -> torch.Tensor:
 
     `scale_128`: float32 powers of two [R, K/128] with R = rows (one scale a row) or
     R = rows / 128 (one per 128-row block, the weight's). Rows are padded to 128 (zeros)."""
-    from .reference import scale_to_ue8m0
-
     e = scale_to_ue8m0(scale_128)
     if e.shape[0] * 128 == rows:  # one scale per 128 rows: repeat it down its block
         e = e.repeat_interleave(128, dim=0)
