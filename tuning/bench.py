@@ -15,6 +15,15 @@ Contenders, per (shape, M):
                    (tuning/peers); cuBLAS rejects M not a multiple of 4, so
                    the peers run on inputs padded to one (as an engine would)
   cublas_gemm      cuBLAS's GEMM alone, on pre-quantized activations
+  deepgemm_chain   the unfused chain with DeepGEMM's SM90 FP8 GEMM (deep_gemm.fp8_gemm_nt,
+                   the same 1x128 / 128x128 scales, bf16 out) for cuBLAS's: our activation
+                   quantization, the act scale's relayout DeepGEMM needs (MN-major, M padded
+                   to 4: one copy), the GEMM, the Triton kernel; on the real M (DeepGEMM
+                   takes any M)
+  deepgemm_gemm    DeepGEMM's GEMM alone, on pre-quantized activations whose scale is
+                   already laid out for it; real M. DeepGEMM is a benchmark peer only
+                   (tuning/peers/deepgemm.py; the package never imports it): where
+                   `deep_gemm` does not import or run, the row says why (deepgemm_error)
   peer_epilogue    the chain's Triton kernel alone, on the GEMM's bf16 output
   torch            the reference ops on the GPU (step 2 in float64)
   floor            max(bytes / measured copy bandwidth, FLOPs / FP8 peak)
@@ -37,6 +46,7 @@ import indexer_q
 from indexer_q import table
 from indexer_q import reference as ref
 from indexer_q.testing import make_inputs
+from tuning.peers import deepgemm
 
 H200_FP8_PEAK_TFLOPS = 1979.0  # dense, datasheet
 L2_BYTES = 60 * 2**20
@@ -235,6 +245,20 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
                 q_bf16 = [run_cublas(c) for c in cargs]
                 calls["peer_epilogue_us"] = lambda i: rope_hadamard_mxfp4(
                     q_bf16[i], peer_sets[i]["positions"], peer_sets[i]["cos_sin"], hadamard=hadamard)
+        # DeepGEMM takes any M (1, 2, 3 included): it runs on the real M, on `sets`, not on
+        # the padded `peer_sets`. Its first call JIT-compiles the kernel (nvcc): done here,
+        # outside the timing.
+        try:
+            deepgemm.load()  # ImportError with the reason where it does not import
+            dargs = [deepgemm.gemm_args(x, *indexer_q.quantize_act_fp8(x["qr"])) for x in sets]
+            deepgemm.run_gemm(dargs[0])
+            torch.cuda.synchronize()
+        except Exception as exc:  # not importable (ImportError), or refused / failed to build
+            row["deepgemm_error"] = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        else:
+            calls["deepgemm_gemm_us"] = lambda i: deepgemm.run_gemm(dargs[i])
+            if out_format == "mxfp4":
+                calls["deepgemm_chain_us"] = lambda i: deepgemm.chain(sets[i], hadamard=hadamard)
     if interleave:
         row.update(time_graphs(calls, n_sets))
     else:
@@ -249,7 +273,7 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
     flops = 2 * m * n * k
     row["floor_us"] = max(problem_bytes(m, n, k, out_format) / bw, flops / (H200_FP8_PEAK_TFLOPS * 1e12)) * 1e6
     row["fused_tflops"] = flops / (row["fused_us"] * 1e-6) / 1e12
-    for peer in ("cublas_gemm", "unfused", "torch"):
+    for peer in ("cublas_gemm", "unfused", "deepgemm_gemm", "deepgemm_chain", "torch"):
         if f"{peer}_us" in row:
             row[f"fused_over_{peer}"] = row["fused_us"] / row[f"{peer}_us"]
     row["fused_over_floor"] = row["fused_us"] / row["floor_us"]
@@ -276,6 +300,7 @@ def environment() -> dict:
         "cuda": torch.version.cuda,
         "cutlass_dsl": md.version("nvidia-cutlass-dsl") if _has("nvidia-cutlass-dsl") else "kit",
         "triton": _triton_version(),
+        "deepgemm": deepgemm.version(),
         "indexer_q": indexer_q.__version__,
         "commit": _git_commit(),
         "tactic_table": str(table.table_path() or "none (heuristic)"),
@@ -335,13 +360,17 @@ def write_outputs(env, rows, stem: Path, plots=True):
         for r in rows:
             w.writerow(r)
     lines = [f"# indexer-q bench, {env['date']}, {env['gpu']} ({env['sms']} SMs), torch {env['torch']}, "
-             f"CUDA {env['cuda']}, CuTe DSL {env['cutlass_dsl']}, Triton {env['triton']}", "",
+             f"CUDA {env['cuda']}, CuTe DSL {env['cutlass_dsl']}, Triton {env['triton']}, "
+             f"DeepGEMM {env.get('deepgemm', 'not recorded')}", "",
              f"Copy bandwidth measured in this run: {env['copy_bandwidth_TBps']:.2f} TB/s. Microseconds "
              f"(CUDA graphs, cold L2, median, {env.get('timing', 'sequential')} timing); ratios are fused / peer (below 1 = fused faster). "
              f"M marked * : cuBLAS refuses it, so the unfused and cuBLAS peers ran on inputs padded to "
-             f"the next multiple of {PEER_M_MULTIPLE} rows, as an engine would pad them.", "",
-             "| shape | format | M | fused | unfused | cuBLAS GEMM | torch | floor | /unfused | /cuBLAS | /floor |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"the next multiple of {PEER_M_MULTIPLE} rows, as an engine would pad them; the DeepGEMM peers "
+             f"always run on the real M. \"unfused\" is the chain with cuBLAS, \"DeepGEMM chain\" the same "
+             f"chain with DeepGEMM's GEMM (plus the activation scale's relayout it needs).", "",
+             "| shape | format | M | fused | unfused | DeepGEMM chain | cuBLAS GEMM | DeepGEMM GEMM | torch | floor "
+             "| /unfused | /DeepGEMM chain | /cuBLAS | /DeepGEMM GEMM | /floor |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def fmt(r, k, d=1):
         return f"{r[k]:.{d}f}" if k in r else "-"
@@ -349,8 +378,10 @@ def write_outputs(env, rows, stem: Path, plots=True):
     for r in rows:
         m_mark = f"{r['M']}*" if "peer_m" in r else f"{r['M']}"
         lines.append(f"| {r['shape']} | {r['out_format']} | {m_mark} | {fmt(r, 'fused_us')} | {fmt(r, 'unfused_us')} | "
-                     f"{fmt(r, 'cublas_gemm_us')} | {fmt(r, 'torch_us')} | {fmt(r, 'floor_us')} | "
-                     f"{fmt(r, 'fused_over_unfused', 2)} | {fmt(r, 'fused_over_cublas_gemm', 2)} | "
+                     f"{fmt(r, 'deepgemm_chain_us')} | {fmt(r, 'cublas_gemm_us')} | {fmt(r, 'deepgemm_gemm_us')} | "
+                     f"{fmt(r, 'torch_us')} | {fmt(r, 'floor_us')} | "
+                     f"{fmt(r, 'fused_over_unfused', 2)} | {fmt(r, 'fused_over_deepgemm_chain', 2)} | "
+                     f"{fmt(r, 'fused_over_cublas_gemm', 2)} | {fmt(r, 'fused_over_deepgemm_gemm', 2)} | "
                      f"{fmt(r, 'fused_over_floor', 2)} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     if plots:
@@ -365,7 +396,10 @@ def plot(rows, stem: Path):
 
     shapes = sorted({(r["shape"], r["out_format"]) for r in rows})
     contenders = [("fused_us", "fused op"), ("unfused_us", "unfused chain (act-quant + cuBLAS + Triton)"),
-                  ("cublas_gemm_us", "cuBLAS GEMM alone"), ("torch_us", "plain torch"), ("floor_us", "floor")]
+                  ("deepgemm_chain_us", "unfused chain (act-quant + relayout + DeepGEMM + Triton)"),
+                  ("cublas_gemm_us", "cuBLAS GEMM alone"), ("deepgemm_gemm_us", "DeepGEMM GEMM alone"),
+                  ("torch_us", "plain torch"), ("floor_us", "floor")]
+    peers = [c for c in contenders if c[0] not in ("fused_us", "floor_us")]
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
     for ax, (shape, fmt_) in zip(axes[0], shapes):
         rs = sorted((r for r in rows if r["shape"] == shape and r["out_format"] == fmt_), key=lambda r: r["M"])
@@ -381,7 +415,7 @@ def plot(rows, stem: Path):
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
     for ax, (shape, fmt_) in zip(axes[0], shapes):
         rs = sorted((r for r in rows if r["shape"] == shape and r["out_format"] == fmt_), key=lambda r: r["M"])
-        for key, label in contenders[1:4]:
+        for key, label in peers:
             pts = [(r["M"], r[key] / r["fused_us"]) for r in rs if key in r]
             if pts:
                 ax.plot(*zip(*pts), "-o", label=f"over {label}", markersize=3)
