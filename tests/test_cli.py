@@ -27,7 +27,7 @@ def test_info(capsys, monkeypatch, tmp_path):
                 "cache dir", "tactic table"):
         assert key in out
     assert str(tmp_path / "c") in out
-    assert "none: the heuristic chooses" in out
+    assert "none (heuristic)" in out and "packaged tables" in out and "NVIDIA_H200.json" in out
 
 
 def test_cache_dir_xdg(monkeypatch, tmp_path):

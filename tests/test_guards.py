@@ -51,7 +51,10 @@ def test_profiling_probe_is_not_a_public_tactic():
         indexer_q.fused_indexer_q(torch.zeros(1, 128), None, None, None, tactic={"epilogue": False})
 
 
-def test_unreadable_tactic_table_falls_back_with_one_warning(tmp_path):
+def test_unreadable_tactic_table_falls_back_with_one_warning(tmp_path, monkeypatch):
+    meta = {"gpu": "No Table GPU", "sms": 1, "cutlass_dsl": "0", "kernel_fingerprint": "0"}
+    monkeypatch.setattr(table, "metadata", lambda device=None: meta)  # no GPU here
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     bad = tmp_path / "table.json"
     bad.write_text("{not json")
     try:

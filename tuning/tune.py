@@ -7,6 +7,13 @@ then timed like the benchmark (CUDA graphs, cold L2, median, the candidates' rep
 interleaved). The fastest correct one
 wins, unless the heuristic's choice is within the noise (3%) of it. The table maps each M to the winner
 of the smallest profiled M at or above it.
+
+Tables: one per (model, TP) in tuning/tables/ (the tuner's raw output, with every
+candidate's timings); `--merge` makes the one per GPU that the package ships,
+src/indexer_q/tables/<GPU>.json (the default --out; commit it with the sources it was
+merged from); `--install` puts a table into this user's data directory
+($XDG_DATA_HOME/indexer_q/tables/<GPU>.json, default ~/.local/share/...), which calls use
+before the packaged one, merged with the installed entries of other (N, K).
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ from indexer_q.testing import fp4_signed_codes, make_inputs
 
 MODELS = {"v4-pro": 1536, "v4-flash": 1024}  # K; N = 8192 / TP
 BUCKETS = [2**i for i in range(15)]
-TABLES = Path(__file__).resolve().parent / "tables"
+TABLES = Path(__file__).resolve().parent / "tables"  # per (model, TP)
+PACKAGED = Path(__file__).resolve().parent.parent / "src" / "indexer_q" / "tables"  # per GPU, in the wheel
 MIN_CODES_EQUAL = 0.997  # tests/test_kernel_sm90.py: what Hopper reaches with the Hadamard on
 MIN_SCALES_EQUAL = 0.999  # the tests' floor for scale bytes
 
@@ -195,17 +203,19 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
                                "codes_equal": {str(t.as_dict()): round(a, 6) for t, a in checked.items()},
                                "timings_us": {str(m): {str(t.as_dict()): round(us, 3) for t, us in tt.items()}
                                               for m, (_, tt) in results.items()}}
-    path = Path(out) if out else TABLES / f"{meta['gpu'].replace(' ', '_')}_{model}_tp{tp}.json"
+    stem = table.table_file_name(meta["gpu"]).removesuffix(".json")
+    path = Path(out) if out else TABLES / f"{stem}_{model}_tp{tp}.json"
     table.write_table(path, meta, entries)
     log(f"wrote {path}")
     return path
 
 
-def merge(paths, out) -> Path:
+def merge(paths, out=None) -> Path:
     """One table for a GPU from per-(model, TP) tables: their entries (distinct (N, K)),
-    under metadata they all share (the per-run details stay in the sources)."""
+    under metadata they all share (the per-run details stay in the sources). `out`
+    defaults to the package's table for that GPU, src/indexer_q/tables/<GPU>.json."""
     tables = [json.loads(Path(p).read_text()) for p in paths]
-    keys = ("gpu", "sms", "indexer_q", "cutlass_dsl", "torch", "cuda", "kernel_fingerprint")
+    keys = table.SHARED_FIELDS
     meta = {key: tables[0]["metadata"][key] for key in keys}
     for p, t in zip(paths, tables):
         differ = [key for key in keys if t["metadata"].get(key) != meta[key]]
@@ -219,8 +229,9 @@ def merge(paths, out) -> Path:
             raise SystemExit(f"{p}: (N, K) {sorted(shapes & seen)} already in another table")
         seen |= shapes
         entries += t["entries"]
-    table.write_table(Path(out), meta | {"merged_from": [Path(p).name for p in paths]}, entries)
-    return Path(out)
+    out = Path(out) if out else PACKAGED / table.table_file_name(meta["gpu"])
+    table.write_table(out, meta | {"merged_from": [Path(p).name for p in paths]}, entries)
+    return out
 
 
 def main(argv=None):
@@ -232,21 +243,35 @@ def main(argv=None):
     ap.add_argument("--rechoose", nargs="+", metavar="TABLE",
                     help="re-derive these tables' entries from their recorded timings (no GPU)")
     ap.add_argument("--merge", nargs="+", metavar="TABLE",
-                    help="merge these tables into --out instead of tuning (no GPU needed)")
+                    help="merge these per-(model, TP) tables into one per GPU instead of tuning "
+                         "(no GPU needed); --out defaults to the packaged table, "
+                         "src/indexer_q/tables/<GPU>.json")
+    ap.add_argument("--install", nargs="*", metavar="TABLE", default=None,
+                    help="also install the table written (or, given paths, install those without "
+                         "tuning) as this user's table for this GPU: $XDG_DATA_HOME/indexer_q/tables/"
+                         "<GPU>.json (default ~/.local/share/indexer_q/tables/), merged with the "
+                         "installed entries of other (N, K); needs the GPU it was tuned on")
     args = ap.parse_args(argv)
     if args.rechoose:
         for p in args.rechoose:
             print(f"rewrote {rechoose(p)}")
         return 0
-    if args.merge:
-        print(f"wrote {merge(args.merge, args.out or TABLES / 'merged.json')}")
+    if args.install:  # paths given: install those
+        for p in args.install:
+            print(f"installed {p} as {table.install_table(p)}")
         return 0
-    if not args.model:
-        ap.error("--model is required (or --merge)")
-    if not torch.cuda.is_available():
-        print("indexer-q tune needs a CUDA GPU", file=sys.stderr)
-        return 2
-    tune(args.model, args.tp, args.out)
+    if args.merge:
+        path = merge(args.merge, args.out)
+        print(f"wrote {path}")
+    else:
+        if not args.model:
+            ap.error("--model is required (or --merge, --rechoose, --install TABLE)")
+        if not torch.cuda.is_available():
+            print("indexer-q tune needs a CUDA GPU", file=sys.stderr)
+            return 2
+        path = tune(args.model, args.tp, args.out)
+    if args.install is not None:
+        print(f"installed {path} as {table.install_table(path)}")
     return 0
 
 

@@ -4,6 +4,7 @@ Heavy modules (torch, CuTe DSL) are imported inside the commands, never at impor
 from __future__ import annotations
 
 import argparse
+import json
 
 from .constants import FP4_ROUNDINGS, OUT_FORMATS, SUPPORTED_ARCHES
 
@@ -43,9 +44,6 @@ def cmd_info(args) -> int:
         except UnsupportedArchError as e:
             ov = f"invalid: {e}"
         arch = f"none ({ENV_ARCH}={ov})" if ov else "none"
-    from .table import table_path
-
-    table = table_path()
     rows = [
         ("GPU", gpu),
         ("arch", arch),
@@ -54,12 +52,51 @@ def cmd_info(args) -> int:
         ("nvidia-cutlass-dsl", _version("nvidia-cutlass-dsl")),
         ("apache-tvm-ffi", _version("apache-tvm-ffi")),
         ("cache dir", str(cache_dir())),
-        ("tactic table", str(table) if table else "none: the heuristic chooses (INDEXER_Q_TACTIC_TABLE)"),
-    ]
+    ] + _table_rows(torch.cuda.is_available())
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     return 0
+
+
+def _table_rows(have_gpu: bool) -> list:
+    """The tactic table calls on GPU 0 use, where it comes from and what was skipped; without
+    a GPU (tables are per GPU), the tables that are set and those installed or shipped."""
+    from . import table as T
+    from .env import user_table_dir
+
+    if have_gpu:
+        d = T.describe_tables(0)
+        if d["path"] is None:
+            why = "no usable table for this GPU" if d["skipped"] else "no table for this GPU"
+            rows = [("tactic table", f"{T.SOURCE_NONE}: {why}")]
+        else:
+            rows = [("tactic table", f"{d['path']} ({d['source']}): matches this GPU and these kernels")]
+        rows += [("  skipped", f"{path} ({source}) {why}") for path, source, why in d["skipped"]]
+        return rows
+    here = T.software_metadata()
+    rows = [("tactic table", f"{T.SOURCE_NONE}: no GPU (a table is chosen for a GPU by its name)")]
+    for path, source in T.candidates(None):
+        rows.append((f"  {source}", f"{path}{'' if path.is_file() else ' (missing)'}"))
+
+    def listing(paths):
+        out = []
+        for path in paths:
+            try:
+                meta = json.loads(path.read_text())["metadata"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                out.append(f"{path.name}: cannot be read ({exc})")
+                continue
+            stale = T.mismatches(meta, here)
+            fits = f"does not match: {' and '.join(stale)}" if stale else "matches these kernels"
+            out.append(f"{path.name} ({meta.get('gpu')}, {meta.get('sms')} SMs): {fits}")
+        return out
+
+    for label, folder, paths in (("user tables", user_table_dir(), sorted(user_table_dir().glob("*.json"))),
+                                 ("packaged tables", T.PACKAGE_TABLES, T.packaged_tables())):
+        rows.append((label, f"{folder}{'' if paths else ': none'}"))
+        rows += [("", f"  {line}") for line in listing(paths)]
+    return rows
 
 
 # ----------------------------------------------------------------------------------
@@ -203,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_compile)
 
     for name, text in (("bench", "the fused op beside its peers (tuning/bench.py; --help there)"),
-                       ("tune", "offline autotuner writing a tactic table (tuning/tune.py)")):
+                       ("tune", "offline autotuner writing a tactic table (tuning/tune.py); --install puts it in "
+                                "$XDG_DATA_HOME/indexer_q/tables for this GPU")):
         s = sub.add_parser(name, help=text, add_help=False)  # its own parser takes the rest
         s.set_defaults(func=cmd_tuning)
     return p

@@ -24,6 +24,19 @@ def cache_dir() -> Path:
     return base / "indexer_q"
 
 
+def data_dir() -> Path:
+    """$XDG_DATA_HOME/indexer_q, else ~/.local/share/indexer_q: what a user installs
+    (tables/<GPU>.json, from `indexer-q tune --install`)."""
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
+    return base / "indexer_q"
+
+
+def user_table_dir() -> Path:
+    """Where `indexer-q tune --install` puts this user's tactic tables, one per GPU."""
+    return data_dir() / "tables"
+
+
 def tactic_table_path():
     """INDEXER_Q_TACTIC_TABLE, or None."""
     value = os.environ.get(ENV_TACTIC_TABLE)
