@@ -67,16 +67,24 @@ class ActQuantFp8:
             loaded.append((row, kb, words))
         for it in cutlass.range_constexpr(ITEMS):
             row, kb, words = loaded[it]
-            vals = [v for w in words for v in epi.bf16x2_unpack(w.bitcast(Int32))]
-            amax = epi.absmax_over(vals, tuple(range(8)), (1, 2, 4, 8))  # lanes of this half-warp
-            e = epi.ceil_log2_of_ratio(amax, epi.FP8_MAX)
-            inv = epi.exp2_neg(e)
-            pairs = [epi.cvt_e4m3x2(vals[2 * p] * inv, vals[2 * p + 1] * inv) for p in range(4)]
+            out, scale = quantize_unit(words)
             ok = first + it * groups < units
             col = kb * (BLOCK_K // 4) + lane16 * WORDS_PER_LANE_OUT
             for w in cutlass.range_constexpr(WORDS_PER_LANE_OUT):
-                word = pairs[2 * w] | (pairs[2 * w + 1] << 16)
-                epi.store_i32_if(out_words.iterator + cute.crd2idx((row, col + w), out_words.layout), word, ok)
-            scale = ((e + 127) << 23).bitcast(Float32)
+                epi.store_i32_if(out_words.iterator + cute.crd2idx((row, col + w), out_words.layout), out[w], ok)
             epi.store_i32_if(out_scale.iterator + cute.crd2idx((row, kb), out_scale.layout),
                              scale.bitcast(Int32), ok & (lane16 == 0))
+
+
+def quantize_unit(words):
+    """One lane's share of a (row, 128-K block) unit: its 8 bf16 values (4 words as loaded)
+    -> two words of 4 e4m3 bytes each and the block's scale 2^e (fp32), the amax reduced
+    over the 16 lanes of its half-warp. Shared with the swapped-A/B kernel's fused
+    quantization, so both produce the same bytes."""
+    vals = [v for w in words for v in epi.bf16x2_unpack(w.bitcast(Int32))]
+    amax = epi.absmax_over(vals, tuple(range(8)), (1, 2, 4, 8))  # lanes of this half-warp
+    e = epi.ceil_log2_of_ratio(amax, epi.FP8_MAX)
+    inv = epi.exp2_neg(e)
+    pairs = [epi.cvt_e4m3x2(vals[2 * p] * inv, vals[2 * p + 1] * inv) for p in range(4)]
+    out = [pairs[2 * w] | (pairs[2 * w + 1] << 16) for w in range(WORDS_PER_LANE_OUT)]
+    return out, ((e + 127) << 23).bitcast(Float32)

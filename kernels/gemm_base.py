@@ -16,7 +16,9 @@ class GemmConfig:
 
     arch: str = "sm_90a"
     kind: str = "native"  # "native" (tokens on the MMA's M side) or "swap_ab"
-    tile_m: int = 128  # tokens per CTA tile (native); 64 per consumer warpgroup
+    # tokens per CTA tile: native 64 per consumer warpgroup (the MMA's M); swap_ab 8..64
+    # (the MMA's N, the weight's 128 rows of one head on its M)
+    tile_m: int = 128
     stages: int = 0  # shared-memory ring depth of the TMA pipeline; 0 = as many as fit
     cluster_m: int = 1  # CTAs per cluster along M; >1 multicasts the weight tile
     cluster_n: int = 1  # CTAs per cluster along N (heads); >1 multicasts the activation tile
@@ -51,6 +53,10 @@ class GemmConfig:
     # warpgroup (its registers hold a 64-row accumulator) and 32 KB of shared memory.
     # Ignored without the Hadamard.
     tensor_core_hadamard: bool = False
+    # swap_ab: the kernel quantizes the activation itself (SPEC step 1, the act_quant
+    # kernel's arithmetic) into shared memory in the layout its MMA reads, while the
+    # weight's first loads are in flight: one launch instead of two.
+    fused_act_quant: bool = False
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
@@ -127,13 +133,30 @@ class FusedIndexerQGemmBase:
                        f"(this kernel: {', '.join(map(str, cls.epilogue_warpgroup_choices))})")
         if config.uses_tensor_core_hadamard and not cls.has_tensor_core_hadamard:
             out.append("tensor_core_hadamard (this kernel: the butterfly only)")
+        if config.fused_act_quant and config.kind != "swap_ab":
+            out.append("fused_act_quant needs kind='swap_ab'")
         if config.stages and not 2 <= config.stages <= cls.max_stages(config):
             out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out
 
     @classmethod
+    def shape_problems(cls, config: GemmConfig, n: int, k: int) -> list[str]:
+        """Limits that depend on the weight's shape as well (e.g. shared memory by K)."""
+        return []
+
+    @classmethod
+    def problems(cls, config: GemmConfig, n: int, k: int) -> list[str]:
+        """Every reason this kernel cannot run `config` at (N, K); empty when it can."""
+        out = cls.config_problems(config) + config.problems(n, k)
+        return out or cls.shape_problems(config, n, k)
+
+    @classmethod
     def can_implement(cls, config: GemmConfig, n: int, k: int) -> bool:
-        return not cls.config_problems(config) and not config.problems(n, k)
+        return not cls.problems(config, n, k)
+
+    def entry_point(self):
+        """What cute.compile compiles (the @cute.jit host function)."""
+        return self
 
     def operand_args(self, m, n: int, k: int) -> list:
         """Fake tensors for the GEMM operands and their scales (arch-specific)."""

@@ -29,9 +29,10 @@ BAR_HADAMARD_READY = 1  # named barrier (0 is the CTA's): the epilogue's +-1 mat
 ACCUMULATE = cute.nvgpu.warpgroup.Field.ACCUMULATE
 
 
-def issue_wgmmas(tiled_mma, acc, tCrA, tCrB, k_slices, stage=None):
+def issue_wgmmas(tiled_mma, acc, tCrA, tCrB, k_slices, stage=None, stage_b=None):
     """One commit group of WGMMAs: the K slices `k_slices` (of one shared-memory stage, or
-    of fragments without a stage mode) into `acc`, the first overwriting it. Returns
+    of fragments without a stage mode; `stage_b`: B's stage when it differs from A's) into
+    `acc`, the first overwriting it. Returns
     `tiled_mma`, whose accumulate flag this rebinds: callers rebind it in their own body
     (`tiled_mma = issue_wgmmas(tiled_mma, ...)`), so that the tracer carries the new
     value out of a loop or branch."""
@@ -39,7 +40,8 @@ def issue_wgmmas(tiled_mma, acc, tCrA, tCrB, k_slices, stage=None):
     cute.nvgpu.warpgroup.fence()
     for kb in k_slices:
         coord = (None, None, kb) if stage is None else (None, None, kb, stage)
-        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+        coord_b = coord if stage_b is None else (None, None, kb, stage_b)
+        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord_b], acc)
         tiled_mma.set(ACCUMULATE, True)
     cute.nvgpu.warpgroup.commit_group()
     return tiled_mma

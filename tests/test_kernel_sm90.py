@@ -40,6 +40,50 @@ def big_cos_sin():
     return rope_cos_sin_table(P_LARGE, device="cuda")
 
 
+def _every_tactic_set(t, n, k, out_format):
+    """The tactics test_every_tactic_writes_the_same_bytes runs at (t, n, k, format)."""
+    from indexer_q.tactics import Tactic, valid_tactics
+
+    extra = {Tactic(tile_m=tm, epilogue_warpgroups=2, cluster_m=cm) for tm in (64, 128) for cm in (1, 2)}
+    tc = {Tactic(tile_m=tm, tensor_core_hadamard=True) for tm in (64, 128)}
+    if out_format == "mxfp4":  # every candidate the tuner times, and the knobs on their own
+        return set(valid_tactics("sm_90a", t, n, k)) | extra | tc | {Tactic(tile_m=64, pdl=False)}
+    return {Tactic(tile_m=64), Tactic(tile_m=128)} | extra | tc  # what differs: the row layout
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompiled():
+    """The kernels of this module's tests, compiled at once in worker processes (one after
+    another they took minutes)."""
+    if not torch.cuda.is_available():
+        return
+    import dataclasses
+
+    from indexer_q import dispatch, jit
+    from indexer_q.tactics import Tactic
+
+    def job(tactic, n, k, hadamard, rounding, fmt, pos="int64"):
+        return (tactic.to_config("sm_90a", hadamard=hadamard, fp4_rounding=rounding, out_format=fmt,
+                                 positions_dtype=pos), n, k)
+
+    jobs = []
+    for t, n, k in itertools.product(MS, NS, KS):
+        chosen = dispatch.choose_tactic("sm_90a", torch.device("cuda"), t, n, k)
+        for had, rnd in itertools.product((False, True), ("floor-ties", "rne")):
+            jobs.append(job(chosen, n, k, had, rnd, "mxfp4"))
+        for had, fmt in itertools.product((False, True), ("fp8", "fp8-unscaled")):
+            jobs += [job(tac, n, k, had, "floor-ties", fmt) for tac in (chosen, dataclasses.replace(chosen, split_k=1))]
+        tc = Tactic(tile_m=64 if t <= 128 else 128, tensor_core_hadamard=True)
+        jobs += [job(tc, n, k, True, rnd, "mxfp4") for rnd in ("floor-ties", "rne")]
+        jobs += [job(tc, n, k, True, "floor-ties", fmt) for fmt in ("fp8", "fp8-unscaled")]
+    for t, n in TACTIC_CASES:
+        for fmt in ("mxfp4", "fp8"):
+            base = Tactic(tile_m=128, pdl=False)
+            jobs += [job(tac, n, 1536, True, "rne", fmt) for tac in _every_tactic_set(t, n, 1536, fmt) | {base}]
+    errors = jit.precompile(jobs)
+    assert not errors, errors[:3]
+
+
 def _inputs(t, n, k, seed, cos_sin, positions_dtype=torch.int64):
     x = make_inputs(t, n, k, p=16, seed=seed, device="cuda", positions_dtype=positions_dtype)
     g = torch.Generator().manual_seed(seed + 7)
@@ -300,7 +344,7 @@ def test_every_tactic_writes_the_same_bytes(t, n, out_format, big_cos_sin):
     _needs_sm90()
 
     from indexer_q import prepare_weights
-    from indexer_q.tactics import Tactic, valid_tactics
+    from indexer_q.tactics import Tactic
 
     k = 1536
     seed = int.from_bytes(os.urandom(4), "little")
@@ -309,12 +353,7 @@ def test_every_tactic_writes_the_same_bytes(t, n, out_format, big_cos_sin):
     opts = dict(hadamard=True, fp4_rounding="rne", out_format=out_format)
     base = Tactic(tile_m=128, pdl=False)
     bq, bs = _run_twice(x, weights, tactic=base, **opts)
-    extra = {Tactic(tile_m=tm, epilogue_warpgroups=2, cluster_m=cm) for tm in (64, 128) for cm in (1, 2)}
-    tc = {Tactic(tile_m=tm, tensor_core_hadamard=True) for tm in (64, 128)}
-    if out_format == "mxfp4":  # every candidate the tuner times, and the knobs on their own
-        tactics = set(valid_tactics("sm_90a", t, n, k)) | extra | tc | {Tactic(tile_m=64, pdl=False)}
-    else:  # what differs for another format: the epilogue's row layout
-        tactics = {Tactic(tile_m=64), Tactic(tile_m=128)} | extra | tc
+    tactics = _every_tactic_set(t, n, k, out_format)
     for tactic in sorted(tactics, key=repr):
         q, s = _run_twice(x, weights, tactic=tactic, **opts)
         tag = f"M={t} N={n} {out_format} seed={seed} {tactic}"

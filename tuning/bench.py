@@ -20,7 +20,8 @@ Contenders, per (shape, M):
                    quantization, the act scale's relayout DeepGEMM needs (MN-major, M padded
                    to 4: one copy), the GEMM, the Triton kernel; on the real M (DeepGEMM
                    takes any M)
-  deepgemm_gemm    DeepGEMM's GEMM alone, on pre-quantized activations whose scale is
+  deepgemm_gemm    DeepGEMM's GEMM alone (the faster of its launches with and without
+                   programmatic dependent launch, deepgemm_gemm_{pdl,nopdl}), on pre-quantized activations whose scale is
                    already laid out for it; real M. DeepGEMM is a benchmark peer only
                    (tuning/peers/deepgemm.py; the package never imports it): where
                    `deep_gemm` does not import or run, the row says why (deepgemm_error)
@@ -256,13 +257,20 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
         except Exception as exc:  # not importable (ImportError), or refused / failed to build
             row["deepgemm_error"] = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
         else:
-            calls["deepgemm_gemm_us"] = lambda i: deepgemm.run_gemm(dargs[i])
+            # with and without PDL (DeepGEMM supports it; the fused op launches with it):
+            # deepgemm_gemm_us is the faster of the two, the strongest peer
+            calls["deepgemm_gemm_nopdl_us"] = lambda i: deepgemm.run_gemm_pdl(dargs[i], False)
+            if deepgemm.set_pdl(False):
+                calls["deepgemm_gemm_pdl_us"] = lambda i: deepgemm.run_gemm_pdl(dargs[i], True)
             if out_format == "mxfp4":
                 calls["deepgemm_chain_us"] = lambda i: deepgemm.chain(sets[i], hadamard=hadamard)
     if interleave:
         row.update(time_graphs(calls, n_sets))
     else:
         row.update({name: time_graph(call, n_sets) for name, call in calls.items()})
+    dg = [row[k] for k in ("deepgemm_gemm_nopdl_us", "deepgemm_gemm_pdl_us") if k in row]
+    if dg:
+        row["deepgemm_gemm_us"] = min(dg)
     if peers and out_format == "mxfp4":
         # The reference reads values back to the host (checks, constants), which a graph
         # capture does not allow, so the torch chain is timed eagerly.

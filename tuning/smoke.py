@@ -1,14 +1,13 @@
 """Fused calls at given shapes and tactics, synchronously, in one process; for hang/fault
 triage and compute-sanitizer: `python -m tuning.smoke M N K [field=value,...]` or
 `python -m tuning.smoke --cases M:N:K[:field=value,...] ...`."""
-import dataclasses
 import sys
 import time
 
 import torch
 
 import indexer_q
-from indexer_q.tactics import heuristic
+from indexer_q.tactics import Tactic
 from indexer_q.testing import make_inputs
 from tuning.bench import parse_fields
 
@@ -16,7 +15,7 @@ from tuning.bench import parse_fields
 def run_case(m: int, n: int, k: int, fields: dict) -> None:
     x = make_inputs(m, n, k, seed=0, device="cuda")
     w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
-    tactic = dataclasses.replace(heuristic("sm_90a", m, n, k), **fields)
+    tactic = Tactic(**fields)  # the fields given over Tactic's defaults (native, tile 128)
     t0 = time.time()
     q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True, tactic=tactic)
     torch.cuda.synchronize()

@@ -75,37 +75,16 @@ def time_tactics(tactics, sets, weights) -> dict:
     return time_graphs({t: call(t) for t in tactics}, len(sets), replays=7)
 
 
-def _compile_one(job):
-    """Compile into the disk cache; a failure is reported, not raised (the tuner then
-    compiles that tactic itself and drops it if it fails there too)."""
-    from indexer_q import jit
-
-    config, n, k = job
-    try:
-        jit.compile_fused(config, n, k)
-    except Exception as exc:  # noqa: BLE001
-        return f"{config}: {type(exc).__name__}: {exc}"
-    return None
-
-
 def precompile(tactics, n, k, arch) -> None:
     """Compile every candidate at once in worker processes (each fills the disk cache the
-    tuner then loads from): one after another, compiling was a minute of each table."""
-    import concurrent.futures
-    import multiprocessing
-    import os
-
+    tuner then loads from): one after another, compiling was a minute of each table. A
+    failure is reported; the tuner then compiles that tactic itself and drops it if it
+    fails there too."""
     from indexer_q import jit
 
-    if not jit._disk_enabled():  # the workers' kernels could not reach this process
-        return
     probe = dict(hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4", positions_dtype="int64")
-    jobs = [(t.to_config(arch, **probe), n, k) for t in tactics]
-    workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-        for error in ex.map(_compile_one, jobs):
-            if error:
-                print(f"precompile: {error}", file=sys.stderr)
+    for error in jit.precompile([(t.to_config(arch, **probe), n, k) for t in tactics]):
+        print(f"precompile: {error}", file=sys.stderr)
 
 
 MAX_REFINE = 4  # extra M points where winners change

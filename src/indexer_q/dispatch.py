@@ -5,6 +5,7 @@ api.py validates and calls the three functions below; nothing here validates aga
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 
@@ -15,7 +16,7 @@ class KernelUnavailableError(NotImplementedError):
     """The fused kernel for this arch / format is not built yet."""
 
 
-from .tactics import KERNEL_CLASSES as FUSED_KERNELS  # arch -> fused kernel class (one map)
+from .tactics import ARCHES_WITH_KERNELS as FUSED_KERNELS  # arches with a fused kernel (tactics.KERNEL_CLASSES)
 # Output formats whose kernel output has been verified on hardware; the public op refuses
 # the others (tests reach them through run_fused): it never hands out unverified bytes.
 # sm_90a: mxfp4 by the SPEC's criteria; the FP8 formats byte-identical to the cuBLAS chain
@@ -122,7 +123,11 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
         config = tactic.to_config(arch, hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
                                   positions_dtype="int64" if positions.dtype == torch.int64 else "int32")
         kernel = _FUSED.setdefault(key, jit.compile_fused(config, n, k))
-    a_fp8, a_scale = run_act_quant(qr, act_out)
+    if tactic.fused_act_quant:  # the kernel quantizes qr itself: one launch
+        operands = (qr, weights.weight, weights.weight_scale)
+    else:
+        a_fp8, a_scale = run_act_quant(qr, act_out)
+        operands = _operands(arch, a_fp8, a_scale, weights)
     dev = qr.device
     if out is None:
         from .reference import empty_outputs
@@ -134,7 +139,7 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
         scale_words = q_scale.view(torch.int32)
     else:
         scale_words = torch.empty(1, 1, dtype=torch.int32, device=dev)
-    kernel(*_operands(arch, a_fp8, a_scale, weights), positions, cos_sin, q_words, scale_words)
+    kernel(*operands, positions, cos_sin, q_words, scale_words)
     return q, q_scale
 
 
@@ -146,6 +151,16 @@ def _operands(arch, a_fp8, a_scale, weights) -> tuple:
         return (a_fp8, sf_atom_layout(a_scale, a_fp8.shape[0]), weights.weight,
                 weights.extras["sf_atoms"])
     return a_fp8, a_scale, weights.weight, weights.weight_scale
+
+
+def _compile_samples():
+    from indexer_q.kernels.gemm_base import GemmConfig
+
+    return (("native_tile_m64", GemmConfig(tile_m=64, hadamard=True)),
+            ("native_tile_m128", GemmConfig(tile_m=128, hadamard=True)),
+            ("swap_ab_tile_m16_fused_quant", GemmConfig(kind="swap_ab", tile_m=16, hadamard=True,
+                                                        fused_act_quant=True)),
+            ("swap_ab_tile_m64_split_k2", GemmConfig(kind="swap_ab", tile_m=64, split_k=2, hadamard=True)))
 
 
 def compile_for_arch(arch: str, out_dir=None) -> list[dict]:
@@ -164,18 +179,16 @@ def compile_for_arch(arch: str, out_dir=None) -> list[dict]:
     ck = jit.compile_act_quant(arch, keep_dir=_sub(out_dir, "act_quant"))
     record("act_quant_fp8", ck, {"cvt.rn.satfinite.e4m3x2": _ptx_has(ck, "cvt.rn.satfinite.e4m3x2.f32")})
     if arch in FUSED_KERNELS:
-        from indexer_q.kernels.gemm_base import GemmConfig
-
         from .tactics import kernel_class
 
-        cls = kernel_class(arch)
-        for tile_m in (64, 128):
-            cfg = GemmConfig(arch=arch, tile_m=tile_m, hadamard=True)
-            if not cls.can_implement(cfg, 8192, 1536):
+        for name, cfg in _compile_samples():
+            cfg = dataclasses.replace(cfg, arch=arch)
+            cls = kernel_class(arch, cfg.kind)
+            if cls is None or not cls.can_implement(cfg, 8192, 1536):
                 continue
-            ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=_sub(out_dir, f"fused_native_m{tile_m}"))
-            name, needle = cls.ptx_signature
-            record(f"fused_native_tile_m{tile_m}", ck, {name: _ptx_has(ck, needle)})
+            ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=_sub(out_dir, f"fused_{name}"))
+            check, needle = cls.ptx_signature
+            record(f"fused_{name}", ck, {check: _ptx_has(ck, needle.format(tile=cfg.tile_m))})
     return records
 
 

@@ -99,7 +99,7 @@ def disk_key(key) -> str:
     from . import __version__
     from .table import kernel_fingerprint
 
-    text = f"{kernel_fingerprint()}|{__version__}|{JIT_FORMAT}|{H200_SMS}|{_versions()}|{key!r}"
+    text = f"{kernel_fingerprint(key[1])}|{__version__}|{JIT_FORMAT}|{H200_SMS}|{_versions()}|{key!r}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -215,18 +215,44 @@ def compile_fused(config, n: int, k: int, *, keep_dir: str | None = None) -> Com
     """Compile the fused kernel for `config` (its arch) and the weight shape (N, K)."""
     from .tactics import KERNEL_CLASSES, kernel_class
 
-    if config.arch not in KERNEL_CLASSES:
-        raise NotImplementedError(f"no fused kernel for {config.arch} yet")
+    if (config.arch, config.kind) not in KERNEL_CLASSES:
+        raise NotImplementedError(f"no fused {config.kind} kernel for {config.arch} yet")
 
     def build():  # the kernel module (and CuTe DSL) is imported only to compile
         from .validate import fail
 
-        cls = kernel_class(config.arch)
-        problems = cls.config_problems(config) + config.problems(n, k)
+        cls = kernel_class(config.arch, config.kind)
+        problems = cls.problems(config, n, k)
         if problems:  # before any compile or launch; a disk entry exists only past this
-            fail("tactic", f"a configuration the {config.arch} kernel can run at N = {n}, K = {k}",
+            fail("tactic", f"a configuration the {config.arch} {config.kind} kernel can run at N = {n}, K = {k}",
                  "; ".join(problems))
-        return _compile("fused_indexer_q", config.arch, cls(config), cls(config).compile_args(n, k, H200_SMS),
+        kernel = cls(config)
+        return _compile("fused_indexer_q", config.arch, kernel.entry_point(), kernel.compile_args(n, k, H200_SMS),
                         keep_dir)
 
     return _cached(("fused_indexer_q", config.arch, config, n, k), keep_dir, build)
+
+
+def _compile_job(job):
+    """A worker's compile into the disk cache; a failure is returned, not raised."""
+    config, n, k = job
+    try:
+        compile_fused(config, n, k)
+    except Exception as exc:  # noqa: BLE001
+        return f"{config}: {type(exc).__name__}: {exc}"
+    return None
+
+
+def precompile(jobs, workers: int | None = None) -> list[str]:
+    """Compile the fused kernels [(config, n, k)] at once in worker processes, each filling
+    the disk cache that this process then loads from (a kernel compiles in 1-4 s, one CPU
+    core each). Returns the failures as strings; does nothing without the disk cache."""
+    import concurrent.futures
+    import multiprocessing
+
+    jobs = list(dict.fromkeys(jobs))
+    if not jobs or not _disk_enabled():
+        return []
+    workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return [e for e in ex.map(_compile_job, jobs) if e]

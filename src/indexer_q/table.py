@@ -52,20 +52,31 @@ _STATE = {"explicit": None, "cache": {}, "warned": set()}
 _RESOLVED: dict = {}
 
 
-def kernel_fingerprint() -> str:
-    """sha256 of the kernel sources: a table (or a cached binary) is only valid for these."""
+# Kernel sources that only one arch's kernels import, by a part of their file name; the
+# other files (epilogue, act_quant, gemm_base, numerics) are every arch's.
+ARCH_SOURCE_TAGS = {"sm_90a": "sm90", "sm_100a": "sm100"}
+
+
+def kernel_fingerprint(arch: str | None = None) -> str:
+    """sha256 of the kernel sources: a table (or a cached binary) is only valid for these.
+    With `arch`, only the sources that arch's kernels import (so Blackwell-only edits do
+    not make the Hopper tables stale); without, all of them."""
     from . import kernels
 
+    others = [tag for a, tag in ARCH_SOURCE_TAGS.items() if a != arch] if arch else []
     h = hashlib.sha256()
     root = Path(kernels.__file__).resolve().parent
     for path in sorted(root.glob("*.py")):
+        if any(tag in path.name for tag in others):
+            continue
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
-def software_metadata() -> dict:
-    """The part of `metadata` that needs no GPU: versions and the kernels' fingerprint."""
+def software_metadata(arch: str | None = "sm_90a") -> dict:
+    """The part of `metadata` that needs no GPU: versions and the fingerprint of `arch`'s
+    kernels."""
     import importlib.metadata as md
 
     import torch
@@ -83,7 +94,7 @@ def software_metadata() -> dict:
         "cutlass_dsl": version("nvidia-cutlass-dsl"),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "kernel_fingerprint": kernel_fingerprint(),
+        "kernel_fingerprint": kernel_fingerprint(arch),
     }
 
 
@@ -91,8 +102,11 @@ def metadata(device=None) -> dict:
     """What a table must match: the GPU, the kernels and the library versions."""
     import torch
 
+    from .constants import ARCH_BY_CAPABILITY
+
     props = torch.cuda.get_device_properties(device if device is not None else 0)
-    return {"gpu": props.name, "sms": props.multi_processor_count} | software_metadata()
+    arch = ARCH_BY_CAPABILITY.get((props.major, props.minor))
+    return {"gpu": props.name, "sms": props.multi_processor_count} | software_metadata(arch)
 
 
 # Fields whose change invalidates a table (torch / CUDA patch versions do not).

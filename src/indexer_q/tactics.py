@@ -11,17 +11,19 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
-# arch -> kernel class path; the one place that says which kernels exist
+# (arch, kind) -> kernel class path; the one place that says which kernels exist
 KERNEL_CLASSES = {
-    "sm_90a": ("indexer_q.kernels.gemm_sm90", "Sm90FusedIndexerQ"),
-    "sm_100a": ("indexer_q.kernels.gemm_sm100", "Sm100FusedIndexerQ"),  # compiled only so far
+    ("sm_90a", "native"): ("indexer_q.kernels.gemm_sm90", "Sm90FusedIndexerQ"),
+    ("sm_90a", "swap_ab"): ("indexer_q.kernels.gemm_sm90_swap_ab", "Sm90SwapABFusedIndexerQ"),
+    ("sm_100a", "native"): ("indexer_q.kernels.gemm_sm100", "Sm100FusedIndexerQ"),  # compiled only so far
 }
+ARCHES_WITH_KERNELS = tuple(dict.fromkeys(arch for arch, _ in KERNEL_CLASSES))
 
 
 @dataclass(frozen=True)
 class Tactic:
     kind: str = "native"  # "native" (tokens on the MMA's M side) or "swap_ab" (small M)
-    tile_m: int = 128  # tokens per CTA tile
+    tile_m: int = 128  # tokens per CTA tile (swap_ab: 8, 16, 32 or 64, on the MMA's N side)
     stages: int = 0  # TMA ring depth; 0 = as many as fit in shared memory
     cluster_m: int = 1  # CTAs sharing (multicasting) one weight tile
     cluster_n: int = 1  # CTAs sharing one activation tile
@@ -33,6 +35,8 @@ class Tactic:
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
     epilogue_warpgroups: int = 1  # 2: twice the epilogue warps, 8 lanes a row
     tensor_core_hadamard: bool = False  # the Hadamard as a bf16 MMA (one epilogue warpgroup)
+    # swap_ab: the kernel quantizes the activation itself (one launch instead of two)
+    fused_act_quant: bool = False
     # False: a profiling probe that runs the mainloop only and writes nothing (it
     # measures the epilogue's cost); never among valid_tactics.
     epilogue: bool = True
@@ -47,7 +51,8 @@ class Tactic:
             value = getattr(self, name)
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
-        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl", "tensor_core_hadamard"):
+        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl", "tensor_core_hadamard",
+                     "fused_act_quant"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
@@ -88,13 +93,39 @@ class Tactic:
         return cls(**d)
 
 
-def kernel_class(arch: str):
+def kernel_class(arch: str, kind: str = "native"):
+    """The kernel class for (arch, kind), or None where none is built."""
     import importlib
 
-    if arch not in KERNEL_CLASSES:
+    if (arch, kind) not in KERNEL_CLASSES:
         return None
-    module, name = KERNEL_CLASSES[arch]
+    module, name = KERNEL_CLASSES[(arch, kind)]
     return getattr(importlib.import_module(module), name)
+
+
+SWAP_AB_MAX_M = 256  # swapped-A/B tactics are offered up to here (decode and small batches)
+SWAP_AB_HEURISTIC_MAX_M = 32  # and chosen by the heuristic up to here
+
+
+def swap_ab_tile(m: int) -> int:
+    """The token tile of the swapped-A/B kernel for M tokens: the smallest of 8..64 that
+    holds them (a larger tile computes columns nobody stores; a smaller one reads the
+    weight once per tile)."""
+    return min(64, max(8, 1 << (max(m, 1) - 1).bit_length()))
+
+
+def _swap_ab_candidates(m: int, n: int, k: int):
+    """The token tile for M; the activation quantized in the kernel or by its own launch;
+    K split over a cluster of 1, 2, 4 CTAs, and 3, 6 or 8 for few heads (TP8: 8 heads on
+    132 SMs); a second epilogue warpgroup only where a tile has 32 rows or more (below
+    that one warpgroup's 16-row pass already covers it)."""
+    tile = swap_ab_tile(m)
+    heads = n // 128
+    splits = [s for s in (1, 2, 3, 4, 6, 8) if (k // 128) % s == 0 and (s in (1, 2, 4) or heads <= 16)]
+    for fused, split, ewg in itertools.product((True, False), splits, (1, 2)):
+        if ewg == 2 and tile < 32:
+            continue
+        yield Tactic(kind="swap_ab", tile_m=tile, split_k=split, epilogue_warpgroups=ewg, fused_act_quant=fused)
 
 
 def _candidates():
@@ -120,15 +151,24 @@ def _candidates():
     yield Tactic(tile_m=64, split_k=4, epilogue_warpgroups=2)
 
 
-def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
-    """Every tactic the arch's kernels can run for (M, N, K); the heuristic's is first."""
-    cls = kernel_class(arch)
-    if cls is None:
-        return []
+def can_run(arch: str, tactic: Tactic, n: int, k: int) -> bool:
+    """Whether the arch has a kernel of the tactic's kind that runs it at (N, K)."""
+    cls = kernel_class(arch, tactic.kind)
     probe = dict(hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4", positions_dtype="int64")
+    return cls is not None and not tactic.problems(n) and cls.can_implement(tactic.to_config(arch, **probe), n, k)
+
+
+def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
+    """Every tactic the arch's kernels can run for (M, N, K); the heuristic's is first.
+    Swapped-A/B tactics are offered up to SWAP_AB_MAX_M tokens."""
+    if not any(a == arch for a, _ in KERNEL_CLASSES):
+        return []
     out = [heuristic(arch, m, n, k)]
-    for t in _candidates():
-        if t not in out and not t.problems(n) and cls.can_implement(t.to_config(arch, **probe), n, k):
+    cands = list(_candidates())
+    if m <= SWAP_AB_MAX_M:
+        cands += list(_swap_ab_candidates(m, n, k))
+    for t in cands:
+        if t not in out and can_run(arch, t, n, k):
             out.append(t)
     return out
 
@@ -147,6 +187,15 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
     tile."""
     if arch == "sm_100a":
         return Tactic(tile_m=128)
+    if m <= SWAP_AB_HEURISTIC_MAX_M:
+        # Decode: swapped A/B, one launch, the K split filling about the SMs (H200: V4-Pro
+        # M = 1 6.2 us split in 2, 7.0 unsplit, 10.8 split in 4; TP8 3.7-3.9 split in 4,
+        # 4.9 unsplit), a second epilogue warpgroup from 32-token tiles.
+        heads = n // 128
+        split = max(s for s in (1, 2, 4) if (k // 128) % s == 0 and heads * s <= SM90_SMS)
+        tile = swap_ab_tile(m)
+        return Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=True,
+                      epilogue_warpgroups=2 if tile >= 32 else 1)
     tiles_of_128 = -(-m // 128) * (n // 128)
     # Two epilogue warpgroups: on the H200 faster at every M for 64-row tiles (0.4-1 us
     # at M <= 128) and for 128-row tiles but at V4-Pro M >= 4096 (3% slower there, which

@@ -106,3 +106,23 @@ def chain(x, *, hadamard, fp4_rounding="floor-ties"):
     a, sa = indexer_q.quantize_act_fp8(x["qr"])
     q = gemm(a, sa, x["weight"], x["weight_scale"])
     return rope_hadamard_mxfp4(q, x["positions"], x["cos_sin"], hadamard=hadamard, fp4_rounding=fp4_rounding)
+
+
+def set_pdl(enabled: bool) -> bool:
+    """Launch DeepGEMM's kernels with programmatic dependent launch (its kernels wait with
+    cudaGridDependencySynchronize before any load); False where this build cannot."""
+    fn = getattr(getattr(load(), "_C", None), "set_pdl", None)
+    if fn is None:
+        return False
+    fn(bool(enabled))
+    return True
+
+
+def run_gemm_pdl(args, pdl: bool):
+    """run_gemm with DeepGEMM's PDL setting on or off for this launch (a graph capture
+    records it), restored to off after."""
+    set_pdl(pdl)
+    try:
+        return run_gemm(args)
+    finally:
+        set_pdl(False)

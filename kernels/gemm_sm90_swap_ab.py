@@ -1,0 +1,512 @@
+"""Hopper (sm_90a) fused indexer-Q kernel, swapped-A/B tactic (small M, decode).
+
+q^T = W * a^T: the weight is the WGMMA's A operand and the tokens its B operand, so the
+weight's 128 rows of one head fill the MMA's M side (two m64 blocks) and a tile of 8-64
+tokens sits on its N side. One CTA owns (one head, one token tile, its share of a K
+split over a cluster). Per 128-wide K block the consumer warpgroup issues 8 WGMMAs
+(m64nTk32, e4m3 x e4m3 -> fp32) into a partial accumulator, waits, and promotes it with
+the block's scales: the weight's is one scalar per (head, K block), the activation's one
+per token column.
+
+The activation reaches shared memory in one of two ways:
+- from the activation quantizer's output, by TMA beside the weight (the quantizer runs
+  as its own launch before this one, with programmatic dependent launch);
+- `fused_act_quant`: the consumer warpgroup quantizes the bf16 rows of its token tile
+  itself (SPEC step 1, the act_quant kernel's arithmetic) straight into the swizzled
+  layout its WGMMAs read, while the producer's first weight loads are in flight. The
+  tile stays resident for every head the CTA takes with the same tokens. One launch.
+
+The finished tile [128 dims x tokens] is rounded to bf16 (SPEC step 2) and written to
+shared memory transposed to token rows, so that the epilogue warpgroup(s) of
+kernels/epilogue_sm90.py run on it unchanged (8 lanes a row, every output format).
+A K split sends ranks 1..'s fp32 partials to rank 0 through distributed shared memory.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from . import epilogue as epi
+from .act_quant import quantize_unit
+from .epilogue_sm90 import Sm90EpilogueRoles
+from .gemm_base import SCALE_BLOCK_K, GemmConfig
+from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROUP, WORDS_PER_ROW, Sm90KernelBase,
+                         add_partials, issue_wgmmas, reduce_tensor, send_partial, shared_storage, swizzled_word)
+
+TOKEN_TILES = (8, 16, 32, 64)
+LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
+BAR_ACT_READY = 2  # named barrier of the consumer warpgroup: the quantized tile is in shared memory
+QUANT_LANES = 16  # lanes a (token, 128-K block) unit, 8 values a lane (as kernels/act_quant.py)
+QUANT_RESERVED_REGS = 64  # a consumer thread's registers kept for addressing while it quantizes
+
+
+class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
+    supported_kinds = ("swap_ab",)
+    split_k_choices = (1, 2, 3, 4, 6, 8)  # a cluster of up to 8 CTAs shares a head's K blocks
+    epilogue_warpgroup_choices = (1, 2)
+    ptx_signature = ("wgmma.mma_async e4m3, tokens on N", "wgmma.mma_async.sync.aligned.m64n{tile}k32.f32.e4m3.e4m3")
+
+    @classmethod
+    def config_problems(cls, config: GemmConfig) -> list[str]:
+        out = super().config_problems(config)
+        if config.tile_m not in TOKEN_TILES:
+            out.append(f"tile_m={config.tile_m} (sm_90a swap_ab: tokens on the MMA's N, {TOKEN_TILES})")
+        if config.cluster_m != 1 or config.cluster_n != 1:
+            out.append("swap_ab has no multicast cluster (its cluster is the K split)")
+        if config.mma_per_promotion != 4 or config.pipelined_promotion:
+            out.append("swap_ab promotes once per 128-K block (mma_per_promotion=4, no pipelined_promotion)")
+        return out
+
+    @classmethod
+    def shape_problems(cls, config: GemmConfig, n: int, k: int) -> list[str]:
+        k_tiles = k // SCALE_BLOCK_K
+        if k_tiles % config.split_k:
+            return [f"swap_ab splits K evenly: split_k={config.split_k} does not divide the {k_tiles} K blocks"]
+        fit = cls.stages_that_fit(config, k)
+        if fit < 2 or (config.stages and config.stages > fit):
+            return [f"shared memory: {fit} weight stages fit beside the rest at tile_m={config.tile_m}, "
+                    f"split_k={config.split_k}, K={k}"]
+        return []
+
+    @staticmethod
+    def _fixed_bytes(config: GemmConfig, k: int) -> int:
+        """Shared memory besides the weight ring: hand-off buffers, K-split slots and the
+        resident quantized activation with its scales."""
+        t = config.tile_m
+        out = EPI_BUFFERS * t * epi.HEAD_DIM * 2 + (config.split_k - 1) * epi.HEAD_DIM * t * 4 + 2048
+        if config.fused_act_quant:
+            k_blocks = k // SCALE_BLOCK_K // config.split_k
+            out += k_blocks * t * (SCALE_BLOCK_K + 4) + 1024
+        return out
+
+    @classmethod
+    def stages_that_fit(cls, config: GemmConfig, k: int) -> int:
+        stage = epi.HEAD_DIM * SCALE_BLOCK_K + (0 if config.fused_act_quant else config.tile_m * SCALE_BLOCK_K)
+        return min(16, (SMEM_CAPACITY - cls._fixed_bytes(config, k)) // stage)
+
+    @staticmethod
+    def max_stages(config: GemmConfig) -> int:
+        # the bound without K (K's share is checked by shape_problems)
+        return Sm90SwapABFusedIndexerQ.stages_that_fit(config, SCALE_BLOCK_K * config.split_k)
+
+    def __init__(self, config: GemmConfig):
+        super().__init__(config)
+        self.tile_rows = config.tile_m
+        self.num_consumers = 1  # both m64 halves of the head: 2T accumulator values a thread
+        self.epi_wgs = config.epilogue_warpgroups
+        self.split_k = config.split_k
+        self.cluster_shape_mn = (config.split_k, 1)
+        self.skip_rows_past_m = True
+        self.tc_hadamard = False
+        self.fused = config.fused_act_quant
+        self._setup_roles(LANES_PER_ROW)
+
+    def operand_args(self, m, n: int, k: int) -> list:
+        """fused_act_quant: bf16 qr [M, K]; else fp8 A [M, K] and its f32 scales [M, K/128];
+        then fp8 W [N, K] and its f32 scales [N/128, K/128]."""
+        from cutlass.cute.runtime import make_fake_compact_tensor
+
+        rowmaj = (1, 0)
+        weight = [
+            make_fake_compact_tensor(cutlass.Float8E4M3FN, (n, k), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Float32, (n // 128, k // 128), stride_order=rowmaj, assumed_align=16),
+        ]
+        if self.fused:
+            return [make_fake_compact_tensor(cutlass.BFloat16, (m, k), stride_order=rowmaj, assumed_align=16),
+                    *weight]
+        return [
+            make_fake_compact_tensor(cutlass.Float8E4M3FN, (m, k), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Float32, (m, k // 128), stride_order=rowmaj, assumed_align=16),
+            *weight,
+        ]
+
+    # ------------------------------------------------------------------ host side
+    def entry_point(self):
+        """What cute.compile compiles: __call__, or with fused_act_quant call_fused_quant."""
+        return self.call_fused_quant if self.fused else self
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,  # fp8 [M, K], K-major (the activation quantizer's output)
+        a_scale: cute.Tensor,  # f32 [M, K/128]
+        w: cute.Tensor,  # fp8 [N, K], K-major
+        w_scale: cute.Tensor,  # f32 [N/128, K/128]
+        positions: cute.Tensor,  # int32/int64 [M]
+        cos_sin: cute.Tensor,  # f32 [P, 64]
+        out_q: cute.Tensor,  # int32 words [M, N/8] (packed mxfp4) or [M, N/4] (e4m3 bytes)
+        out_scale: cute.Tensor,  # int32 [M, H]
+        max_active_clusters: cutlass.Constexpr,
+        stream,
+    ):
+        self._launch(a, a_scale, w, w_scale, positions, cos_sin, out_q, out_scale, max_active_clusters, stream)
+
+    @cute.jit
+    def call_fused_quant(
+        self,
+        qr: cute.Tensor,  # bf16 [M, K], K-major: quantized inside the kernel
+        w: cute.Tensor,
+        w_scale: cute.Tensor,
+        positions: cute.Tensor,
+        cos_sin: cute.Tensor,
+        out_q: cute.Tensor,
+        out_scale: cute.Tensor,
+        max_active_clusters: cutlass.Constexpr,
+        stream,
+    ):
+        self._launch(qr, None, w, w_scale, positions, cos_sin, out_q, out_scale, max_active_clusters, stream)
+
+    @cute.jit
+    def _launch(self, act, a_scale, w, w_scale, positions, cos_sin, out_q, out_scale, max_active_clusters, stream):
+        t, bk = self.tile_rows, SCALE_BLOCK_K
+        fp8 = w.element_type
+        m, k = act.shape
+        n = w.shape[0]
+        k_tiles = k // bk
+        self.k_blocks = k_tiles // self.split_k  # per rank (the split is even)
+        kmajor = utils.LayoutEnum.ROW_MAJOR
+        # A = the weight (a head's 128 rows as two m64 blocks), B = the token tile.
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            fp8, fp8, kmajor.sm90_mma_major_mode(), kmajor.sm90_mma_major_mode(), Float32, (1, 1, 1),
+            tiler_mn=(ROWS_PER_CONSUMER, t),
+        )
+        atom = cute.nvgpu.warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(kmajor, fp8, bk), fp8)
+        stages = self.stages_that_fit(self.config, k)
+        if cutlass.const_expr(self.config.stages):
+            stages = self.config.stages
+        self.stages = stages
+        self.w_smem_staged = cute.tile_to_shape(atom, (epi.HEAD_DIM, bk, stages), order=(0, 1, 2))
+        # B: a ring stage per K block, or (fused_act_quant) the rank's K blocks resident
+        self.b_smem = cute.tile_to_shape(atom, (t, bk, self.k_blocks if self.fused else stages), order=(0, 1, 2))
+        tma_w, mW = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), w, cute.slice_(self.w_smem_staged, (None, None, 0)),
+            (epi.HEAD_DIM, bk))
+        tma_a, mA = tma_w, mW  # unused with fused_act_quant (the kernel reads qr itself)
+        tx_bytes = epi.HEAD_DIM * bk
+        if cutlass.const_expr(not self.fused):
+            tma_a, mA = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), act, cute.slice_(self.b_smem, (None, None, 0)), (t, bk))
+            tx_bytes += t * bk
+            self.act_scale = a_scale
+        else:
+            self.act_scale = w_scale  # unused placeholder: the kernel keeps the scales in shared memory
+        self.tx_bytes = tx_bytes
+
+        # With a K split, cluster rank r of token tile i takes scheduler tile i * split_k + r.
+        tiles_mnl = (cute.ceil_div(m, t) * self.split_k, n // epi.HEAD_DIM, 1)
+        sched_params = utils.PersistentTileSchedulerParams(
+            tiles_mnl, (*self.cluster_shape_mn, 1), self.config.swizzle, self.config.raster_along_m)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
+        extra = []
+        if cutlass.const_expr(self.fused):
+            extra = [("sActScale", Float32, self.k_blocks * t)]
+        self.shared_storage = shared_storage(
+            stages=stages, split_k=self.split_k, reduce_words=max(1, (self.split_k - 1) * epi.HEAD_DIM * t),
+            epi_words=EPI_BUFFERS * t * WORDS_PER_ROW, extra=extra,
+            operands=[("sA", fp8, cute.cosize(self.w_smem_staged)), ("sB", fp8, cute.cosize(self.b_smem))])
+        self.kernel(
+            tma_w, mW, tma_a, mA, act, self.act_scale, w_scale, positions, cos_sin, out_q, out_scale,
+            self.tiled_mma, self.w_smem_staged, self.b_smem, sched_params,
+        ).launch(
+            grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_shape_mn, 1), min_blocks_per_mp=1,
+            stream=stream, use_pdl=self.config.pdl,
+        )
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(
+        self,
+        tma_w: cute.CopyAtom,
+        mW: cute.Tensor,
+        tma_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        act: cute.Tensor,  # the fp8 activation, or (fused_act_quant) the bf16 qr
+        a_scale: cute.Tensor,  # f32 [M, K/128] (unused with fused_act_quant)
+        w_scale: cute.Tensor,
+        positions: cute.Tensor,
+        cos_sin: cute.Tensor,
+        out_q: cute.Tensor,
+        out_scale: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        w_smem_staged: cute.ComposedLayout,
+        b_smem: cute.ComposedLayout,
+        sched_params: utils.PersistentTileSchedulerParams,
+    ):
+        t = self.tile_rows
+        if cutlass.const_expr(self.config.pdl):
+            # Let the next grid in the stream (launched with PDL) start as our CTAs finish:
+            # its prologue and first weight loads overlap our tail; it waits for this grid's
+            # completion (griddepcontrol.wait) before it reads anything we write.
+            cute.arch.griddepcontrol_launch_dependents()
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+            if cutlass.const_expr(not self.fused):
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+
+        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        ab_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.pipeline_mbar.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),  # the consumer's warps
+            tx_count=self.tx_bytes,
+            # each rank loads and releases its own stages (the cluster is the K split)
+            cta_layout_vmnk=cute.make_layout((1, *self.cluster_shape_mn, 1)),
+            mcast_mode_mn=(1, 0),
+            defer_sync=True,
+        )
+        epi_pipeline = pipeline.PipelineAsync.create(
+            barrier_storage=storage.epi_mbar.data_ptr(),
+            num_stages=EPI_BUFFERS,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, WARPGROUP),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_wgs * WARPGROUP),
+            defer_sync=True,
+        )
+        reduce_full = storage.reduce_mbar.data_ptr()  # + slot, in rank 0
+        reduce_free = reduce_full + (self.split_k - 1)  # in ranks 1.., arrived on by rank 0
+        if cutlass.const_expr(self.split_k > 1):
+            if tidx == 0:
+                for slot in cutlass.range_constexpr(self.split_k - 1):
+                    cute.arch.mbarrier_init(reduce_full + slot, 1)
+                cute.arch.mbarrier_init(reduce_free, WARPGROUP)
+        pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+        sReduce = reduce_tensor(storage, self.split_k, t)
+        sQ = storage.sQ.get_tensor(cute.make_layout((EPI_BUFFERS, t, WORDS_PER_ROW),
+                                                    stride=(t * WORDS_PER_ROW, WORDS_PER_ROW, 1)))
+        sW = storage.sA.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
+        sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        k_begin = cta_rank * self.k_blocks if self.split_k > 1 else 0
+        reduce = (reduce_full, reduce_free, sReduce)
+        pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+
+        warpgroup = cute.arch.make_warp_uniform(tidx // WARPGROUP)
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self._producer(ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params)
+        elif warpgroup >= self.epi_wg:
+            self._set_epilogue_registers()
+            if cta_rank == 0 or cutlass.const_expr(self.split_k == 1):  # K-split rank 0 writes
+                self._epilogue(epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
+                               positions, cos_sin, out_q, out_scale, act.shape[0])
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            sActScale = None
+            if cutlass.const_expr(self.fused):
+                sActScale = storage.sActScale.get_tensor(cute.make_layout((self.k_blocks, t), stride=(t, 1)))
+            args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, storage.sB.data_ptr(), sActScale,
+                    tidx - WARPGROUP, k_begin, sched_params, act, a_scale, w_scale, reduce)
+            if cutlass.const_expr(self.split_k == 1):
+                self._consumer(*args, role="whole")
+            elif cta_rank == 0:
+                self._consumer(*args, role="reduce")
+            else:
+                self._consumer(*args, role="send")
+
+    def _m_tile(self, tile):
+        """The token tile of a scheduler tile: a K split's ranks share one."""
+        return tile[0] // self.split_k
+
+    @cute.jit
+    def _producer(self, ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params):
+        t, bk = self.tile_rows, SCALE_BLOCK_K
+        one_cta = cute.make_layout(1)
+        # (TMA view, heads, K blocks) and (TMA view, token tiles, K blocks)
+        tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
+            tma_w, 0, one_cta, cute.group_modes(sW, 0, 2),
+            cute.group_modes(cute.local_tile(mW, (epi.HEAD_DIM, bk), (None, None)), 0, 2))
+        tAsB, tAgA = tWsW, tWgW
+        if cutlass.const_expr(not self.fused):
+            tAsB, tAgA = cute.nvgpu.cpasync.tma_partition(
+                tma_a, 0, one_cta, cute.group_modes(sB, 0, 2),
+                cute.group_modes(cute.local_tile(mA, (t, bk), (None, None)), 0, 2))
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        # The first tile's weight blocks (as many as the ring holds) are requested before
+        # waiting for the previous grid (PDL): the weight is not written by the kernel
+        # launched before this one (the activation quantizer, or the caller's previous
+        # op); the activation is read only after the wait.
+        early = min(self.stages, self.k_blocks)
+        a_state = state.clone()
+        if work.is_valid_tile:
+            tWgW_n = tWgW[(None, work.tile_idx[1], None)]
+            for kb in cutlass.range_constexpr(early):
+                ab_pipeline.producer_acquire(state)
+                cute.copy(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)],
+                          tma_bar_ptr=ab_pipeline.producer_get_barrier(state))
+                state.advance()
+        if cutlass.const_expr(self.config.pdl):
+            cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(not self.fused):
+            if work.is_valid_tile:
+                tAgA_m = tAgA[(None, self._m_tile(work.tile_idx), None)]
+                for kb in cutlass.range_constexpr(early):
+                    cute.copy(tma_a, tAgA_m[(None, k_begin + kb)], tAsB[(None, a_state.index)],
+                              tma_bar_ptr=ab_pipeline.producer_get_barrier(a_state))
+                    a_state.advance()
+        first = early
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            tWgW_n = tWgW[(None, tile[1], None)]
+            tAgA_m = tAgA[(None, self._m_tile(tile), None)]
+            for kb in range(first, self.k_blocks):
+                ab_pipeline.producer_acquire(state)
+                bar = ab_pipeline.producer_get_barrier(state)
+                cute.copy(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(not self.fused):
+                    cute.copy(tma_a, tAgA_m[(None, k_begin + kb)], tAsB[(None, state.index)], tma_bar_ptr=bar)
+                ab_pipeline.producer_commit(state)
+                state.advance()
+            first = 0  # only the first tile had its first blocks issued above
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        ab_pipeline.producer_tail(state)
+
+    @cute.jit
+    def _consumer(self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, sB_ptr, sActScale, ctidx, k_begin,
+                  sched_params, act, a_scale, w_scale, reduce, role: cutlass.Constexpr):
+        """role: "whole" (all K blocks), or in a K split "reduce" (rank 0: adds the other
+        ranks' partial tiles, then hands the tile to the epilogue) or "send" (ranks 1..)."""
+        t = self.tile_rows
+        thr_mma = tiled_mma.get_slice(ctidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sW))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc_shape = thr_mma.partition_shape_C((epi.HEAD_DIM, t))
+        acc = cute.make_rmem_tensor(acc_shape, Float32)
+        partial = cute.make_rmem_tensor(acc_shape, Float32)
+        mma_per_stage = cute.size(tCrA, mode=[2])
+        m = act.shape[0]
+        if cutlass.const_expr(self.config.pdl):
+            cute.arch.griddepcontrol_wait()  # the activation (or its scales) come from the previous grid
+        lane = cute.arch.lane_idx()
+        quad_lane = lane % 4
+        # Accumulator value i = v + 2h + 4j + (T/2) mi: dim 64 mi + 16 warp + lane / 4 + 8h,
+        # token 8j + 2 quad_lane + v.
+        dim0 = (ctidx // 32) * 16 + lane // 4
+        tokens = [8 * j + 2 * quad_lane + v for j in range(t // 8) for v in range(2)]
+        sQ16 = cute.make_tensor(cute.recast_ptr(sQ.iterator, dtype=cutlass.Int16),
+                                cute.make_layout((EPI_BUFFERS, t, 2 * WORDS_PER_ROW),
+                                                 stride=(t * 2 * WORDS_PER_ROW, 2 * WORDS_PER_ROW, 1)))
+
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, EPI_BUFFERS)
+        tiles_done = Int32(0)
+        quantized = Int32(-1)  # the token tile whose activation is in shared memory
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            head = tile[1]
+            m_tile = self._m_tile(tile)
+            row0 = m_tile * t
+            if cutlass.const_expr(self.fused):
+                if m_tile != quantized:
+                    self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx)
+                    quantized = m_tile
+            acc.fill(0.0)
+            # The block's scale per token column of this thread; from global memory (the
+            # separate quantizer's) loaded one block ahead, so their latency hides under the
+            # previous block's WGMMAs instead of stalling the promotion.
+            rows = [cutlass.min(row0 + tok, m - 1) for tok in tokens]
+            nxt_sa = [Float32(1.0) for _ in tokens]
+            nxt_sw = w_scale[head, k_begin]
+            if cutlass.const_expr(not self.fused):
+                nxt_sa = [a_scale[r, k_begin] for r in rows]
+            for kb in range(self.k_blocks):
+                kt = k_begin + kb
+                if cutlass.const_expr(self.fused):
+                    scales = [nxt_sw * sActScale[kb, tok] for tok in tokens]
+                else:
+                    scales = [nxt_sw * sa for sa in nxt_sa]
+                    ahead = k_begin + cutlass.min(kb + 1, self.k_blocks - 1)
+                    nxt_sa = [a_scale[r, ahead] for r in rows]
+                nxt_sw = w_scale[head, k_begin + cutlass.min(kb + 1, self.k_blocks - 1)]
+                ab_pipeline.consumer_wait(read_state)
+                tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(mma_per_stage), read_state.index,
+                                         stage_b=kb if self.fused else None)
+                cute.nvgpu.warpgroup.wait_group(0)
+                ab_pipeline.consumer_release(read_state)
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    col = (i % (t // 2)) // 4 * 2 + i % 2  # (j, v) of value i
+                    acc[i] = acc[i] + partial[i] * scales[col]
+                read_state.advance()
+            if cutlass.const_expr(role == "send"):
+                send_partial(acc, reduce, ctidx, tiles_done)
+            if cutlass.const_expr(role == "reduce"):
+                add_partials(acc, reduce, ctidx, tiles_done, epi.HEAD_DIM * t * 4)
+            tiles_done += 1
+            if cutlass.const_expr(role != "send"):
+                self._hand_to_epilogue(acc, epi_pipeline, epi_state, sQ16, dim0, quad_lane)
+                epi_state.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        if cutlass.const_expr(role == "send"):
+            # Rank 0 arrives on this CTA's "slot free" barrier after its last read: wait
+            # for that before exiting, so no remote arrive targets an exited CTA.
+            cute.arch.mbarrier_wait(reduce[1], (tiles_done & 1) ^ 1)
+
+    def _hand_to_epilogue(self, acc, epi_pipeline, epi_state, sQ16, dim0, quad_lane):
+        """The finished tile to the epilogue as bf16 (SPEC step 2's rounding), transposed:
+        the hand-off buffer holds token rows, as the native kernel's does."""
+        t = self.tile_rows
+        epi_pipeline.producer_acquire(epi_state)
+        for mi in range(2):
+            for h in range(2):
+                d = 64 * mi + 8 * h + dim0
+                for j in range(t // 8):
+                    i = 4 * j + 2 * h + (t // 2) * mi
+                    word = epi.bf16x2_word(acc[i], acc[i + 1])  # tokens 8j + 2q (low) and + 1
+                    for v in range(2):
+                        tok = 8 * j + 2 * quad_lane + v
+                        half = swizzled_word(tok, d >> 1) * 2 + (d & 1)
+                        sQ16[epi_state.index, tok, half] = cutlass.Int16(word >> (16 * v))
+        epi_pipeline.producer_commit(epi_state)
+
+    @cute.jit
+    def _quantize_tile(self, qr, sB_ptr, sActScale, row0, m, k_begin, ctidx):
+        """SPEC step 1 for the rank's K blocks of token rows row0.. (rows past M read row
+        M - 1: their columns are never stored): each (row, 128-K block) unit is a
+        half-warp's, 8 values a lane, quantized with the act_quant kernel's arithmetic
+        and stored as e4m3 in the WGMMA's swizzled B layout (128 bytes a row, 16-byte
+        chunks XORed with row % 8), its scale 2^e beside it."""
+        t = self.tile_rows
+        groups = WARPGROUP // QUANT_LANES
+        rounds = t * self.k_blocks // groups
+        half = ctidx // QUANT_LANES
+        lane16 = ctidx % QUANT_LANES
+        sBw = cute.make_tensor(cute.recast_ptr(sB_ptr, dtype=Int32), cute.make_layout(t * self.k_blocks * 32))
+        # every thread is past its last read of the previous tile's scales and operands
+        cute.arch.barrier(barrier_id=BAR_ACT_READY, number_of_threads=WARPGROUP)
+        # Units loaded at once: each load is a DRAM round trip, so as many as the registers
+        # beside the accumulators hold (4 a unit; one batch up to T = 32 at split 2).
+        budget = max(1, (self.consumer_regs - 2 * t - QUANT_RESERVED_REGS) // 4)
+        batch = max(d for d in range(1, min(rounds, budget) + 1) if rounds % d == 0)
+        for first in cutlass.range(0, rounds, batch, unroll=1):  # a loop: unrolled it spilled at T = 64
+            loaded = []
+            for it in cutlass.range_constexpr(batch):
+                unit = (first + it) * groups + half
+                r = unit // self.k_blocks
+                b = unit - r * self.k_blocks
+                row = cutlass.min(row0 + r, m - 1)
+                col = (k_begin + b) * SCALE_BLOCK_K + lane16 * 8
+                words = epi.load_f32x4(qr.iterator + cute.crd2idx((row, col), qr.layout))
+                loaded.append((r, b, words))
+            for r, b, words in loaded:
+                out, scale = quantize_unit(words)
+                byte = b * (t * SCALE_BLOCK_K) + r * SCALE_BLOCK_K + ((((lane16 >> 1) ^ (r & 7)) << 4)
+                                                                      + (lane16 & 1) * 8)
+                sBw[byte >> 2] = out[0]
+                sBw[(byte >> 2) + 1] = out[1]
+                if lane16 == 0:
+                    sActScale[b, r] = scale
+        cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
+        cute.arch.barrier(barrier_id=BAR_ACT_READY, number_of_threads=WARPGROUP)
