@@ -101,17 +101,32 @@ def test_misaligned_input_is_refused_before_launch():
         _call({**x, "qr": qr}, w)
 
 
+def _fuzz_case(seed):
+    r = random.Random(seed)
+    t = r.choice([1, 2, 3, 7, 31, 64, 65, 127, 128, 129, 300, 1000])
+    n = 128 * r.choice([8, 16, 24, 64])
+    k = 128 * r.choice([8, 12])
+    hadamard = r.random() < 0.5
+    rounding = r.choice(["floor-ties", "rne"])
+    return r, t, n, k, hadamard, rounding
+
+
 def test_fuzz_200_cases():
+    from indexer_q import dispatch, jit
+
     master = int(os.environ.get("INDEXER_Q_FUZZ_SEED", random.randrange(2**31)))
     rng = random.Random(master)
-    for case in range(200):
-        seed = rng.randrange(2**31)
-        r = random.Random(seed)
-        t = r.choice([1, 2, 3, 7, 31, 64, 65, 127, 128, 129, 300, 1000])
-        n = 128 * r.choice([8, 16, 24, 64])
-        k = 128 * r.choice([8, 12])
-        hadamard = r.random() < 0.5
-        rounding = r.choice(["floor-ties", "rne"])
+    seeds = [rng.randrange(2**31) for _ in range(200)]
+    jobs = []  # every case's kernel, compiled at once in worker processes first
+    for seed in seeds:
+        _, t, n, k, hadamard, rounding = _fuzz_case(seed)
+        tactic = dispatch.choose_tactic("sm_90a", torch.device("cuda"), t, n, k)
+        for pos in ("int32", "int64"):
+            jobs.append((tactic.to_config("sm_90a", hadamard=hadamard, fp4_rounding=rounding, out_format="mxfp4",
+                                          positions_dtype=pos), n, k))
+    assert not jit.precompile(jobs)
+    for case, seed in enumerate(seeds):
+        r, t, n, k, hadamard, rounding = _fuzz_case(seed)
         x = make_inputs(t, n, k, p=r.choice([1, 7, 4096]), seed=seed, device="cuda",
                         positions_dtype=r.choice([torch.int32, torch.int64]))
         x["positions"] = x["positions"] + r.choice([0, 0, -2, 5])  # some out of range
