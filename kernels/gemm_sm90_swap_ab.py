@@ -414,21 +414,24 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
                     quantized = m_tile
             acc.fill(0.0)
             # The block's scale per token column of this thread; from global memory (the
-            # separate quantizer's) loaded one block ahead, so their latency hides under the
-            # previous block's WGMMAs instead of stalling the promotion.
-            rows = [cutlass.min(row0 + tok, m - 1) for tok in tokens]
+            # separate quantizer's) loaded one block ahead up to 32-token tiles, so their
+            # latency hides under the previous block's WGMMAs (at 64 tokens the 16 extra
+            # registers made the K split's consumer spill: loaded in the block there).
+            ahead_loads = not self.fused and t <= 32
             nxt_sa = [Float32(1.0) for _ in tokens]
             nxt_sw = w_scale[head, k_begin]
-            if cutlass.const_expr(not self.fused):
-                nxt_sa = [a_scale[r, k_begin] for r in rows]
+            if cutlass.const_expr(ahead_loads):
+                nxt_sa = [a_scale[cutlass.min(row0 + tok, m - 1), k_begin] for tok in tokens]
             for kb in range(self.k_blocks):
                 kt = k_begin + kb
                 if cutlass.const_expr(self.fused):
                     scales = [nxt_sw * sActScale[kb, tok] for tok in tokens]
-                else:
+                elif cutlass.const_expr(ahead_loads):
                     scales = [nxt_sw * sa for sa in nxt_sa]
                     ahead = k_begin + cutlass.min(kb + 1, self.k_blocks - 1)
-                    nxt_sa = [a_scale[r, ahead] for r in rows]
+                    nxt_sa = [a_scale[cutlass.min(row0 + tok, m - 1), ahead] for tok in tokens]
+                else:
+                    scales = [nxt_sw * a_scale[cutlass.min(row0 + tok, m - 1), kt] for tok in tokens]
                 nxt_sw = w_scale[head, k_begin + cutlass.min(kb + 1, self.k_blocks - 1)]
                 ab_pipeline.consumer_wait(read_state)
                 tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(mma_per_stage), read_state.index,
