@@ -31,7 +31,10 @@ def test_heuristic_is_always_a_valid_candidate(m, n, k):
 def test_valid_tactics_come_from_can_implement():
     # 9 heads: no cluster of 2 along N; no kernel at all for a K that is not a multiple of 128
     assert all(t.cluster_n == 1 for t in valid_tactics("sm_90a", 4096, 9 * 128, 1536))
-    assert valid_tactics("sm_100a", 1, 8192, 1536) == [Tactic(tile_m=128)]  # one tile, no clusters yet
+    sm100 = valid_tactics("sm_100a", 1, 8192, 1536)  # one native tile and the swapped 128 tokens, no clusters
+    assert sm100[0] == Tactic(tile_m=128) and Tactic(kind="swap_ab", tile_m=128) in sm100
+    assert all(t.tile_m == 128 and t.cluster_m == t.cluster_n == 1 for t in sm100)
+    assert Tactic(kind="swap_ab", tile_m=128) not in valid_tactics("sm_90a", 1, 8192, 1536)
     assert valid_tactics("sm_80", 1, 8192, 1536) == []
 
 

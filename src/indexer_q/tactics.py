@@ -16,6 +16,7 @@ KERNEL_CLASSES = {
     ("sm_90a", "native"): ("indexer_q.kernels.gemm_sm90", "Sm90FusedIndexerQ"),
     ("sm_90a", "swap_ab"): ("indexer_q.kernels.gemm_sm90_swap_ab", "Sm90SwapABFusedIndexerQ"),
     ("sm_100a", "native"): ("indexer_q.kernels.gemm_sm100", "Sm100FusedIndexerQ"),  # compiled only so far
+    ("sm_100a", "swap_ab"): ("indexer_q.kernels.gemm_sm100_swap_ab", "Sm100SwapABFusedIndexerQ"),  # likewise
 }
 ARCHES_WITH_KERNELS = tuple(dict.fromkeys(arch for arch, _ in KERNEL_CLASSES))
 
@@ -167,6 +168,7 @@ def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
     cands = list(_candidates())
     if m <= SWAP_AB_MAX_M:
         cands += list(_swap_ab_candidates(m, n, k))
+        cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
         if t not in out and can_run(arch, t, n, k):
             out.append(t)

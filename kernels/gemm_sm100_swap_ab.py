@@ -1,0 +1,373 @@
+"""Blackwell (sm_100a) fused indexer-Q kernel, swapped-A/B tactic. Compiled and checked on
+the CPU (tcgen05 block-scaled MMA in its PTX); no Blackwell GPU has run it yet.
+
+q^T = W * a^T: `tcgen05.mma ... kind::mxf8f6f4.block_scale` with the weight as A (a head's
+128 rows fill the MMA's M = 128) and a tile of T tokens as B (the MMA's N), the UE8M0
+scale factors swapped to match (SFA = the weight's, SFB = the activation's: the same
+atom-layout bytes the native kernel reads, in the other roles). One CTA takes (one head,
+one token tile), all of K; T = 128, so that the activation's scale-factor atoms (128
+rows) tile the token tile exactly (TOKEN_TILES says why not smaller or larger yet).
+
+Warps as the native kernel's: 5 = TMA, 4 = MMA (scale factors to tensor memory, then
+the MMAs into a TMEM accumulator of 128 lanes (dims) x T columns (tokens), one or two
+stages), 0-3 = epilogue: they read the accumulator 32 columns at a time (`tcgen05.ld
+32x32b`, one dim a thread), round it to bf16 (SPEC step 2) and write it transposed to
+token rows in shared memory; then each thread takes a token row and runs the shared
+epilogue (kernels/epilogue.py, SM100_ROW_LAYOUT: one whole row a thread).
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.blackwell_helpers as sm100_utils
+import cutlass.utils.blockscaled_layout as blockscaled_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import tcgen05
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from . import epilogue as epi
+from .gemm_base import SCALE_BLOCK_K, GemmConfig
+from .gemm_sm100 import SF_VEC, SMEM_CAPACITY, Sm100FusedIndexerQ
+
+# Token tiles: whole 128-row scale-factor atoms of the tokens on the MMA's N (a smaller N
+# would need the SFB tensor-memory offset of a sub-atom, which nothing here can check
+# without a Blackwell GPU). 256 compiles but spills (32 bytes: two token rows a thread
+# beside the 255-register epilogue), so it is not offered.
+TOKEN_TILES = (128,)
+EPI_WARPS = (0, 1, 2, 3)
+MMA_WARP = 4
+TMA_WARP = 5
+TMEM_COLUMNS = 512
+CHUNK = 32  # accumulator columns (tokens) a tcgen05.ld brings to registers at once
+WORDS_PER_ROW = epi.HEAD_DIM // 2  # a token row of bf16 in the hand-off buffer
+
+
+def swizzled_word(row, word):
+    """16-byte chunks XORed with row % 8: the transposing 2-byte stores (a warp, one token
+    row) and the row reads (a thread, one row) stay free of bank conflicts."""
+    return ((word >> 2) ^ (row & 7)) * 4 + (word & 3)
+
+
+def acc_stages(tile: int) -> int:
+    """TMEM accumulator stages that fit beside the scale factors (512 columns)."""
+    return 2 if 2 * tile + 16 <= TMEM_COLUMNS else 1
+
+
+class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
+    supported_kinds = ("swap_ab",)
+    ptx_signature = ("tcgen05.mma block_scale, weight as A",
+                     "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale")
+
+    @classmethod
+    def config_problems(cls, config: GemmConfig) -> list[str]:
+        out = [p for p in super().config_problems(config) if not p.startswith("tile_m=")]
+        if config.tile_m not in TOKEN_TILES:
+            out.append(f"tile_m={config.tile_m} (sm_100a swap_ab: {TOKEN_TILES}, whole 128-row "
+                       "scale-factor atoms of the tokens on the MMA's N)")
+        if config.fused_act_quant:
+            out.append("fused_act_quant is sm_90a only (sm_100a reads the quantizer's scale-factor layout)")
+        return out
+
+    @staticmethod
+    def max_stages(config: GemmConfig) -> int:
+        ab = (epi.HEAD_DIM + config.tile_m) * SCALE_BLOCK_K
+        sf = (epi.HEAD_DIM + config.tile_m) * SCALE_BLOCK_K // SF_VEC
+        epi_bytes = config.tile_m * epi.HEAD_DIM * 2
+        return (SMEM_CAPACITY - epi_bytes - 2048) // (ab + sf)
+
+    def __init__(self, config: GemmConfig):
+        super().__init__(config)
+        self.stages = config.stages or min(self.max_stages(config), 8)
+        self.mma_tiler_mn = (epi.HEAD_DIM, config.tile_m)
+        self.acc_stages = acc_stages(config.tile_m)
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,  # fp8 [M, K], K-major: the MMA's B
+        sfa_bytes: cute.Tensor,  # uint8, the activation's UE8M0 bytes in the atom layout: SFB
+        w: cute.Tensor,  # fp8 [N, K], K-major: the MMA's A
+        sfw_bytes: cute.Tensor,  # uint8, the weight's UE8M0 bytes in the atom layout: SFA
+        positions: cute.Tensor,
+        cos_sin: cute.Tensor,
+        out_q: cute.Tensor,
+        out_scale: cute.Tensor,
+        max_active_clusters: cutlass.Constexpr,
+        stream,
+    ):
+        m, k = a.shape
+        n = w.shape[0]
+        fp8, sf_dtype = a.element_type, cutlass.Float8E8M0FNU
+        w3 = cute.make_tensor(w.iterator, cute.make_layout((n, k, 1), stride=(k, 1, n * k)))
+        a3 = cute.make_tensor(a.iterator, cute.make_layout((m, k, 1), stride=(k, 1, m * k)))
+        sfw = cute.make_tensor(cute.recast_ptr(sfw_bytes.iterator, dtype=sf_dtype),
+                               blockscaled_utils.tile_atom_to_shape_SF(w3.shape, SF_VEC))
+        sfa = cute.make_tensor(cute.recast_ptr(sfa_bytes.iterator, dtype=sf_dtype),
+                               blockscaled_utils.tile_atom_to_shape_SF(a3.shape, SF_VEC))
+
+        tiled_mma = self._tiled_mma(fp8, fp8, sf_dtype, self.mma_tiler_mn)
+        mma_k = cute.size(tiled_mma.shape_mnk, mode=[2])
+        self.mma_tiler = (*self.mma_tiler_mn, mma_k * (SCALE_BLOCK_K // mma_k))
+        self.cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
+        stages = self.stages
+        self.a_smem_staged = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, fp8, stages)
+        self.b_smem_staged = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, fp8, stages)
+        self.sfa_smem_staged = blockscaled_utils.make_smem_layout_sfa(tiled_mma, self.mma_tiler, SF_VEC, stages)
+        self.sfb_smem_staged = blockscaled_utils.make_smem_layout_sfb(tiled_mma, self.mma_tiler, SF_VEC, stages)
+
+        def tma(load_b, op_tensor, smem_staged, internal=None):
+            smem = cute.slice_(smem_staged, (None, None, None, 0))
+            make = cute.nvgpu.make_tiled_tma_atom_B if load_b else cute.nvgpu.make_tiled_tma_atom_A
+            op = (sm100_utils.cluster_shape_to_tma_atom_B if load_b else sm100_utils.cluster_shape_to_tma_atom_A)(
+                (1, 1), tiled_mma.thr_id)
+            atom, tensor = make(op, op_tensor, smem, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
+                                internal_type=internal)
+            return atom, tensor, smem
+
+        # the weight and its scale factors on A, the tokens and theirs on B
+        tma_a, mA, a_smem = tma(False, w3, self.a_smem_staged)
+        tma_b, mB, b_smem = tma(True, a3, self.b_smem_staged)
+        tma_sfa, mSFA, sfa_smem = tma(False, sfw, self.sfa_smem_staged, cutlass.Int16)
+        tma_sfb, mSFB, sfb_smem = tma(True, sfa, self.sfb_smem_staged, cutlass.Int16)
+        self.tx_bytes = (cute.size_in_bytes(fp8, a_smem) + cute.size_in_bytes(fp8, b_smem)
+                         + cute.size_in_bytes(sf_dtype, sfa_smem) + cute.size_in_bytes(sf_dtype, sfb_smem))
+
+        # scheduler tiles: (token tiles, heads)
+        tiles_mnl = (cute.ceil_div(m, self.mma_tiler[1]), n // self.mma_tiler[0], 1)
+        sched_params = utils.PersistentTileSchedulerParams(tiles_mnl, (1, 1, 1), self.config.swizzle,
+                                                           self.config.raster_along_m)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
+        acc_n = self.acc_stages
+        t = self.config.tile_m
+
+        @cute.struct
+        class SharedStorage:
+            ab_full: cute.struct.MemRange[cutlass.Int64, stages]
+            ab_empty: cute.struct.MemRange[cutlass.Int64, stages]
+            acc_full: cute.struct.MemRange[cutlass.Int64, acc_n]
+            acc_empty: cute.struct.MemRange[cutlass.Int64, acc_n]
+            tmem_holding: cutlass.Int32
+            sQ: cute.struct.Align[cute.struct.MemRange[Int32, t * WORDS_PER_ROW], 1024]
+            sA: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(self.a_smem_staged.outer)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(self.b_smem_staged.outer)], 1024]
+            sSFA: cute.struct.Align[cute.struct.MemRange[sf_dtype, cute.cosize(self.sfa_smem_staged)], 1024]
+            sSFB: cute.struct.Align[cute.struct.MemRange[sf_dtype, cute.cosize(self.sfb_smem_staged)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            tiled_mma, self.cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
+            self.a_smem_staged, self.b_smem_staged, self.sfa_smem_staged, self.sfb_smem_staged,
+            sched_params, positions, cos_sin, out_q, out_scale, m,
+        ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(
+        self, tiled_mma: cute.TiledMma, cluster_layout_vmnk: cute.Layout, tma_a: cute.CopyAtom,
+        mA: cute.Tensor, tma_b: cute.CopyAtom,
+        mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor, tma_sfb: cute.CopyAtom, mSFB: cute.Tensor,
+        a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout, sfa_smem_staged: cute.Layout,
+        sfb_smem_staged: cute.Layout, sched_params: utils.PersistentTileSchedulerParams,
+        positions: cute.Tensor, cos_sin: cute.Tensor, out_q: cute.Tensor, out_scale: cute.Tensor, m: Int32,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == TMA_WARP:
+            for atom in (tma_a, tma_b, tma_sfa, tma_sfb):
+                cute.nvgpu.cpasync.prefetch_descriptor(atom)
+
+        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        ab_pipeline = pipeline.PipelineTmaUmma.create(
+            barrier_storage=storage.ab_full.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            tx_count=self.tx_bytes,
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        acc_pipeline = pipeline.PipelineUmmaAsync.create(
+            barrier_storage=storage.acc_full.data_ptr(),
+            num_stages=self.acc_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(EPI_WARPS)),
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        tmem = utils.TmemAllocator(storage.tmem_holding.ptr, barrier_for_retrieve=self.tmem_alloc_barrier,
+                                   allocator_warp_id=EPI_WARPS[0])
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+        sSFA = storage.sSFA.get_tensor(sfa_smem_staged)
+        sSFB = storage.sSFB.get_tensor(sfb_smem_staged)
+        gA = cute.local_tile(mA, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gB = cute.local_tile(mB, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
+        gSFA = cute.local_tile(mSFA, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gSFB = cute.local_tile(mSFB, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
+        k_tiles = cute.size(gA, mode=[3])
+        thr_mma = tiled_mma.get_slice(0)
+        one_cta = cute.make_layout(1)
+
+        def partition(atom, s, g_mma):
+            return cute.nvgpu.cpasync.tma_partition(atom, 0, one_cta, cute.group_modes(s, 0, 3),
+                                                    cute.group_modes(g_mma, 0, 3))
+
+        tAsA, tAgA = partition(tma_a, sA, thr_mma.partition_A(gA))
+        tBsB, tBgB = partition(tma_b, sB, thr_mma.partition_B(gB))
+        tAsSFA, tAgSFA = partition(tma_sfa, sSFA, thr_mma.partition_A(gSFA))
+        tBsSFB, tBgSFB = partition(tma_sfb, sSFB, thr_mma.partition_B(gSFB))
+        tAsSFA, tAgSFA = cute.filter_zeros(tAsSFA), cute.filter_zeros(tAgSFA)
+        tBsSFB, tBgSFB = cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB)
+        tCrA = tiled_mma.make_fragment_A(sA)
+        tCrB = tiled_mma.make_fragment_B(sB)
+        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
+        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.acc_stages))
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if warp_idx == TMA_WARP:
+            self._producer(ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
+                           tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB)
+        if warp_idx == MMA_WARP:
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(Float32)
+            self._mma(tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
+                      tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged)
+        if warp_idx < MMA_WARP:
+            tmem.allocate(TMEM_COLUMNS)
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(Float32)
+            sQ = storage.sQ.get_tensor(cute.make_layout((self.config.tile_m, WORDS_PER_ROW),
+                                                        stride=(WORDS_PER_ROW, 1)))
+            self._epilogue(acc_pipeline, sched_params, cute.make_tensor(acc_ptr, tCtAcc_fake.layout), sQ, tidx,
+                           positions, cos_sin, out_q, out_scale, m)
+            tmem.relinquish_alloc_permit()
+            self.epilog_barrier.arrive_and_wait()
+            tmem.free(acc_ptr)
+
+    @cute.jit
+    def _producer(self, ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
+                  tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB):
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
+                                                           cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        while work.is_valid_tile:
+            tokens, head = work.tile_idx[0], work.tile_idx[1]
+            srcs = (
+                (tma_a, tAgA[(None, head, None, 0)], tAsA),
+                (tma_b, tBgB[(None, tokens, None, 0)], tBsB),
+                (tma_sfa, tAgSFA[(None, head, None, 0)], tAsSFA),
+                (tma_sfb, tBgSFB[(None, tokens, None, 0)], tBsSFB),
+            )
+            for kt in range(k_tiles):
+                ab_pipeline.producer_acquire(state)
+                bar = ab_pipeline.producer_get_barrier(state)
+                for atom, g, s in srcs:
+                    cute.copy(atom, g[(None, kt)], s[(None, state.index)], tma_bar_ptr=bar)
+                state.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        ab_pipeline.producer_tail(state)
+
+    @cute.jit
+    def _mma(self, tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
+             tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged):
+        acc = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
+        sf_dtype = cutlass.Float8E8M0FNU
+        tmem_sfa_layout = blockscaled_utils.make_tmem_layout_sfa(
+            tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfa_smem_staged, (None, None, None, 0)))
+        tmem_sfb_layout = blockscaled_utils.make_tmem_layout_sfb(
+            tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfb_smem_staged, (None, None, None, 0)))
+        # The scale factors sit after the accumulator stages, SFB after SFA: both column
+        # offsets come from the TMEM layouts themselves (not from the K tile's arithmetic).
+        sfa_base = acc_ptr + tcgen05.find_tmem_tensor_col_offset(acc)
+        tCtSFA = cute.make_tensor(cute.recast_ptr(sfa_base, dtype=sf_dtype), tmem_sfa_layout)
+        sfb_base = sfa_base + tcgen05.find_tmem_tensor_col_offset(tCtSFA)
+        tCtSFB = cute.make_tensor(cute.recast_ptr(sfb_base, dtype=sf_dtype), tmem_sfb_layout)
+        copy_sfa, s2t_sfa_src, s2t_sfa_dst = self._s2t(sSFA, tCtSFA)
+        copy_sfb, s2t_sfb_src, s2t_sfb_dst = self._s2t(sSFB, tCtSFB)
+
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
+                                                           cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
+        while work.is_valid_tile:
+            tile_acc = acc[(None, None, None, acc_state.index)]
+            acc_pipeline.producer_acquire(acc_state)
+            for kt in range(k_tiles):
+                ab_pipeline.consumer_wait(ab_state)
+                stage = (None, None, None, None, ab_state.index)
+                cute.copy(copy_sfa, s2t_sfa_src[stage], s2t_sfa_dst)
+                cute.copy(copy_sfb, s2t_sfb_src[stage], s2t_sfb_dst)
+                tiled_mma.set(tcgen05.Field.ACCUMULATE, kt != 0)
+                crd = (None, None, None, ab_state.index)
+                cute.gemm(tiled_mma, tile_acc, [tCrA[crd], tCtSFA], [tCrB[crd], tCtSFB], tile_acc)
+                ab_pipeline.consumer_release(ab_state)
+                ab_state.advance()
+            acc_pipeline.producer_commit(acc_state)
+            acc_state.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        acc_pipeline.producer_tail(acc_state)
+
+    @cute.jit
+    def _epilogue(self, acc_pipeline, sched_params, acc, sQ, tidx, positions, cos_sin, out_q, out_scale, m):
+        t = self.config.tile_m
+        # 32 columns (tokens) at a time, one TMEM lane (= dim) a thread
+        atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x32), Float32)
+        acc_tile = acc[((None, None), 0, 0, None)]  # (128 dims, T tokens, stage)
+        chunks = cute.flat_divide(acc_tile, (epi.HEAD_DIM, CHUNK))  # (128, 32, 1, T/32, stage)
+        t2r = tcgen05.make_tmem_copy(atom, chunks[(None, None, 0, 0, 0)])
+        thr = t2r.get_slice(tidx)
+        tTR_tAcc = thr.partition_S(chunks)
+        tTR_cAcc = thr.partition_D(cute.make_identity_tensor((epi.HEAD_DIM, CHUNK)))
+        regs = cute.make_rmem_tensor(tTR_cAcc.shape, Float32)
+        sQ16 = cute.make_tensor(cute.recast_ptr(sQ.iterator, dtype=cutlass.Int16),
+                                cute.make_layout((t, 2 * WORDS_PER_ROW), stride=(2 * WORDS_PER_ROW, 1)))
+        layout = epi.SM100_ROW_LAYOUT
+        num_pos = cos_sin.shape[0]
+        zero = Int32(0)
+        dim = tidx  # this thread's accumulator lane
+
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
+                                                           cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.acc_stages)
+        while work.is_valid_tile:
+            row0 = work.tile_idx[0] * t
+            head = work.tile_idx[1]
+            # cos/sin of this thread's first token row, requested before the tile is ready
+            cs = epi.load_cos_sin(layout, row0 + tidx, m, num_pos, positions, cos_sin, zero)
+            acc_pipeline.consumer_wait(acc_state)
+            for c in cutlass.range_constexpr(t // CHUNK):
+                cute.copy(t2r, tTR_tAcc[(None, None, None, 0, c, acc_state.index)], regs)
+                for j in cutlass.range_constexpr(0, CHUNK, 2):  # tokens 32c + j, + 1 of this dim
+                    word = epi.bf16x2_word(regs[j], regs[j + 1])
+                    for v in cutlass.range_constexpr(2):
+                        tok = c * CHUNK + j + v
+                        sQ16[tok, swizzled_word(tok, dim >> 1) * 2 + (dim & 1)] = cutlass.Int16(word >> (16 * v))
+            cute.arch.fence_view_async_tmem_load()
+            acc_pipeline.consumer_release(acc_state)  # the MMA warp may reuse this stage now
+            acc_state.advance()
+            self.epilog_barrier.arrive_and_wait()  # the token rows are in shared memory
+            if cutlass.const_expr(t > 32 * len(EPI_WARPS)):  # a second row a thread: as a loop, not unrolled
+                for p in cutlass.range(1, t // (32 * len(EPI_WARPS)), unroll=1):  # (unrolled, it spilled)
+                    r = p * 32 * len(EPI_WARPS) + tidx
+                    cs_p = epi.load_cos_sin(layout, row0 + r, m, num_pos, positions, cos_sin, zero)
+                    self._row_epilogue(sQ, r, cs_p, row0, m, head, out_q, out_scale)
+            self._row_epilogue(sQ, tidx, cs, row0, m, head, out_q, out_scale)
+            self.epilog_barrier.arrive_and_wait()  # every row read before the next tile's writes
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+
+    def _row_epilogue(self, sQ, r, cs, row0, m, head, out_q, out_scale):
+        """SPEC steps 3-6 on token row r of the tile (one whole row a thread)."""
+        layout = epi.SM100_ROW_LAYOUT
+        vals = [v for w in range(WORDS_PER_ROW) for v in epi.bf16x2_unpack(sQ[r, swizzled_word(r, w)])]
+        epi.head_row_epilogue(vals, layout, Int32(0), cs, self.config, row0 + r, m, head, out_q, out_scale)

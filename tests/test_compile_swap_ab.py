@@ -1,0 +1,93 @@
+"""CPU: the swapped-A/B kernels of both arches compile, with the instructions we mean and
+no spills (CI runs this; sm_100a gets no other check here)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from indexer_q import jit
+from indexer_q.kernels.gemm_base import GemmConfig
+
+
+def _ptx(ck) -> str:
+    with open(ck.artifacts["ptx"]) as f:
+        return f.read()
+
+
+def _spills(ck, arch) -> int:
+    p = subprocess.run(["ptxas", f"-arch={arch}", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
+                       capture_output=True, text=True)
+    if p.returncode and "Unsupported .version" in p.stderr:
+        pytest.skip(f"ptxas too old for this PTX: {p.stderr.strip()[:120]}")
+    assert p.returncode == 0, p.stderr
+    return max(int(x) for x in re.findall(r"(\d+) bytes spill stores", p.stderr))
+
+
+SM90_CASES = [
+    dict(tile_m=8, fused_act_quant=True, split_k=2),
+    dict(tile_m=16, fused_act_quant=False, split_k=4),
+    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2),
+    dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, out_format="fp8"),
+    dict(tile_m=64, fused_act_quant=False, split_k=4, out_format="fp8-unscaled"),
+]
+
+
+@pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_sm90_swap_ab_compiles(case, tmp_path):
+    """Tokens on the WGMMA's N (m64n{T}k32, 8 a K block: the head's two m64 halves x 4),
+    the fused quantizer's loads, the K split's DSMEM stores, no spills."""
+    cfg = GemmConfig(kind="swap_ab", hadamard=True, **case)
+    ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
+    ptx = _ptx(ck)
+    wgmma = f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_m}k32.f32.e4m3.e4m3"
+    roles = 2 if cfg.split_k > 1 else 1  # a K split's rank 0 ("reduce") and the others ("send")
+    assert ptx.count(wgmma) == 8 * roles, ptx.count(wgmma)
+    assert "m64n128k32" not in ptx  # not the native kernel's shape
+    flat = " ".join(ptx.split())
+    assert ("st.async.shared::cluster" in flat) == (cfg.split_k > 1)
+    if cfg.fused_act_quant:  # qr's 16-byte loads and the e4m3 conversion, no activation TMA
+        assert "ld.global.nc.v4.f32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
+        assert "griddepcontrol.launch_dependents" in ptx  # lets the next grid start early (PDL)
+    if shutil.which("ptxas"):
+        assert _spills(ck, "sm_90a") == 0
+
+
+@pytest.mark.parametrize("out_format,hadamard", [("mxfp4", True), ("fp8", False), ("fp8", True)])
+def test_sm100_swap_ab_compiles(out_format, hadamard, tmp_path):
+    """tcgen05.mma block_scale with the weight as A: a 128 x 128 x 32 MMA atom in the
+    kernel's signature, the accumulator read 32 columns at a time (tcgen05.ld 32x32b.x32)
+    and transposed through shared memory; no spills."""
+    from indexer_q.kernels.gemm_sm100_swap_ab import Sm100SwapABFusedIndexerQ
+
+    cfg = GemmConfig(arch="sm_100a", kind="swap_ab", tile_m=128, out_format=out_format, hadamard=hadamard)
+    ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
+    ptx = _ptx(ck)
+    assert ".target sm_100a" in ptx
+    assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in ptx
+    assert "Sm100SwapABFusedIndexerQ" in ptx and "ShapeMNK12812832" in ptx
+    assert "tcgen05.ld.sync.aligned.32x32b.x32" in ptx and "tcgen05.ld.sync.aligned.32x32b.x128" not in ptx
+    assert Sm100SwapABFusedIndexerQ.ptx_signature[1] in ptx
+    if shutil.which("ptxas"):
+        assert _spills(ck, "sm_100a") == 0
+
+
+def test_swap_ab_limits():
+    from indexer_q.kernels.gemm_sm90_swap_ab import Sm90SwapABFusedIndexerQ as S90
+    from indexer_q.kernels.gemm_sm100_swap_ab import Sm100SwapABFusedIndexerQ as S100
+
+    sw = dict(kind="swap_ab")
+    assert S90.can_implement(GemmConfig(tile_m=16, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=128, **sw), 8192, 1536)  # tokens on N: 8..64
+    assert not S90.can_implement(GemmConfig(tile_m=16, split_k=8, **sw), 8192, 1536)  # 12 K blocks
+    assert S90.can_implement(GemmConfig(tile_m=16, split_k=8, **sw), 8192, 1024)
+    assert not S90.can_implement(GemmConfig(tile_m=16, cluster_m=2, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=64, split_k=8, fused_act_quant=True, **sw), 1024, 1024)
+    assert not S90.can_implement(GemmConfig(tile_m=16), 8192, 1536)  # kind native
+    s100 = dict(arch="sm_100a", kind="swap_ab")
+    assert S100.can_implement(GemmConfig(tile_m=128, **s100), 8192, 1536)
+    assert not S100.can_implement(GemmConfig(tile_m=64, **s100), 8192, 1536)
+    assert not S100.can_implement(GemmConfig(tile_m=256, **s100), 8192, 1536)
+    assert not S100.can_implement(GemmConfig(tile_m=128, fused_act_quant=True, **s100), 8192, 1536)
