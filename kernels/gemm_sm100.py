@@ -1,14 +1,27 @@
 """Blackwell (sm_100a) fused indexer-Q kernel, native tactic. Compiled and checked on the
 CPU (tcgen05 block-scaled MMA in its PTX); no Blackwell GPU has run it yet.
 
-Persistent, warp-specialized: warp 5 issues TMA loads of A (e4m3 activation), B (e4m3
-weight) and their UE8M0 scale factors (the SPEC's 1x128 / 128x128 scales replicated per
-32 K into the 128x4 scale-factor atom layout) into a ring of shared-memory stages; warp 4
+Persistent, warp-specialized: the TMA warp loads A (e4m3 activation), B (e4m3 weight)
+and their UE8M0 scale factors (the SPEC's 1x128 / 128x128 scales replicated per 32 K into
+the 128x4 scale-factor atom layout) into a ring of shared-memory stages; the MMA warp
 copies the scale factors into tensor memory and issues `tcgen05.mma ...
 kind::mxf8f6f4.block_scale` into a TMEM accumulator (two stages, so the next tile's MMAs
-run while the epilogue drains this one); warps 0-3 load the accumulator one row a thread
-(`tcgen05.ld 32x32b`, 128 columns = one head) and run the shared epilogue
-(kernels/epilogue.py, SM100_ROW_LAYOUT: every column thread-local, no shuffles).
+run while the epilogue drains this one); the epilogue warps load the accumulator one row
+a thread (`tcgen05.ld 32x32b`, 128 columns = one head) and run the shared epilogue
+(kernels/epilogue.py, SM100_ROW_LAYOUT: every column thread-local, no shuffles) with
+16-byte stores and the Hadamard's butterflies as packed fp32x2 adds.
+
+Warps: 0 .. 4 * epilogue_warpgroups - 1 run the epilogue, then the MMA warp, then the TMA
+warp. With `epilogue_warpgroups=2` the two epilogue warpgroups take turns, tile by tile:
+warpgroup g drains accumulator stage g, so each has two tiles' mainloop time for its
+tile, and two warps share each SM sub-partition (README, "Blackwell": the epilogue's
+instructions per tile against the mainloop's).
+
+PDL (`pdl=True`, as on sm_90a): the kernel is launched as a programmatic dependent of the
+activation quantizer. The TMA warp requests the first tile's weight blocks and their
+scale factors (as many stages as the ring holds), then waits for the quantizer's grid
+(`griddepcontrol.wait`) before it loads the activation or its scale factors; the
+epilogue warps wait before they read positions or cos/sin.
 """
 from __future__ import annotations
 
@@ -19,8 +32,9 @@ import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import tcgen05
-from cutlass.cute.nvgpu.tcgen05 import OperandMajorMode
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue as epi
@@ -28,10 +42,11 @@ from .gemm_base import SCALE_BLOCK_K, FusedIndexerQGemmBase, GemmConfig
 
 SF_VEC = 32  # MXF8 block scaling: one UE8M0 byte per 32 K
 SMEM_CAPACITY = 227 * 1024
-EPI_WARPS = (0, 1, 2, 3)
-MMA_WARP = 4
+EPI_WARPS = (0, 1, 2, 3)  # one epilogue warpgroup (epilogue_warpgroups=1)
+MMA_WARP = 4  # (with epilogue_warpgroups=1; see Sm100FusedIndexerQ.mma_warp)
 TMA_WARP = 5
 ACC_STAGES = 2
+TMEM_COLUMNS = 512
 
 
 def sf_atom_offset(row: int, k_block32: int, k: int) -> int:
@@ -49,10 +64,98 @@ def _bf16_row(regs) -> list:
     return out
 
 
+# ---------------------------------------------------------------- packed fp32x2 arithmetic
+@dsl_user_op
+def _f32x2(op: str, a0: Float32, a1: Float32, b0: Float32, b1: Float32, *, loc=None, ip=None):
+    """(a0 op b0, a1 op b1) as one `op.rn.f32x2` (sm_100+: FADD2 / FMUL2): two IEEE fp32
+    operations, each rounded on its own, so the results are those of two scalar ones."""
+    pair = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32(), T.f32()]),
+        [Float32(x).ir_value(loc=loc, ip=ip) for x in (a0, a1, b0, b1)],
+        "{ .reg .b64 a, b, d; mov.b64 a, {$2, $3}; mov.b64 b, {$4, $5}; "
+        f"{op}.rn.f32x2 d, a, b; mov.b64 {{$0, $1}}, d; }}",
+        "=f,=f,f,f,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return (Float32(llvm.extractvalue(T.f32(), pair, [0], loc=loc, ip=ip)),
+            Float32(llvm.extractvalue(T.f32(), pair, [1], loc=loc, ip=ip)))
+
+
+_round_pair = epi.round_bf16_pair  # (a name here, so a CPU test can model the row in numpy)
+
+
+def hadamard_row_packed(vals: list) -> list:
+    """SPEC step 4 on a whole row in one thread (SM100_ROW_LAYOUT), bit for bit
+    epi.hadamard_row's: the butterflies over column bit 0 one by one, then those over bits
+    1..6 two at a time as packed fp32x2 adds (columns 2j and 2j + 1 side by side: each
+    stage's pairs keep that packing), then fp32(128^-0.5) as packed multiplies and the bf16
+    rounding. Every value sees the same fp32 operations in the same order as the
+    reference's; only the instruction count changes (7 x 128 adds -> 128 + 6 x 64)."""
+    n = len(vals)
+    cur = list(vals)
+    for i in range(0, n, 2):  # bit 0: within a packed pair
+        cur[i], cur[i + 1] = cur[i] + cur[i + 1], cur[i] - cur[i + 1]
+    for b in range(1, 7):
+        m = 1 << b
+        nxt = list(cur)
+        for i in range(0, n, 2):
+            if not i & m:
+                nxt[i], nxt[i + 1] = _f32x2("add", cur[i], cur[i + 1], cur[i | m], cur[(i | m) + 1])
+                nxt[i | m], nxt[(i | m) + 1] = _f32x2("sub", cur[i], cur[i + 1], cur[i | m], cur[(i | m) + 1])
+        cur = nxt
+    s = epi.HADAMARD_SCALE
+    out = []
+    for i in range(0, n, 2):
+        lo, hi = _f32x2("mul", cur[i], cur[i + 1], s, s)
+        out.extend(_round_pair(lo, hi))
+    return out
+
+
+def row_epilogue(vals: list, cos_sin_vals, config: GemmConfig, row, m, head, out_q, out_scale) -> None:
+    """SPEC steps 3-6 on one head row held whole by this thread (SM100_ROW_LAYOUT) and its
+    stores: epi.head_row_epilogue's steps, with the Hadamard as hadamard_row_packed and the
+    q stores 16 bytes wide (the row's words are 16 (MXFP4) or 32 (FP8) consecutive words
+    from a 16-byte aligned head offset: _store_row_v4's precondition)."""
+    layout = epi.SM100_ROW_LAYOUT
+    zero = Int32(0)
+    vals = epi.rope_row(vals, layout, cos_sin_vals[0], cos_sin_vals[1])
+    if config.hadamard:
+        vals = hadamard_row_packed(vals)
+    epi.quantize_store_row(vals, layout, zero, config, row, m, head, out_q, out_scale, vector=True)
+
+
+def sf_tmem_tensors(tiled_mma, mma_tiler, acc, sfa_smem_staged, sfb_smem_staged):
+    """The scale factors' TMEM tensors and their first columns, (tCtSFA, tCtSFB, sfa_col,
+    sfb_col), columns counted from the accumulator's: SFA right after the accumulator
+    stages, SFB right after SFA. Both offsets come from the TMEM layouts
+    (tcgen05.find_tmem_tensor_col_offset), as in NVIDIA's dense_blockscaled_gemm_persistent,
+    so they follow the MMA tiler's K (a 128-row SFA takes tile K / MMA K columns: 4 for the
+    128-K tile) instead of assuming the 128-K tile."""
+    sf_dtype = cutlass.Float8E8M0FNU
+    sfa_layout = blockscaled_utils.make_tmem_layout_sfa(
+        tiled_mma, mma_tiler, SF_VEC, cute.slice_(sfa_smem_staged, (None, None, None, 0)))
+    sfb_layout = blockscaled_utils.make_tmem_layout_sfb(
+        tiled_mma, mma_tiler, SF_VEC, cute.slice_(sfb_smem_staged, (None, None, None, 0)))
+    sfa_col = tcgen05.find_tmem_tensor_col_offset(acc)
+    tCtSFA = cute.make_tensor(cute.recast_ptr(acc.iterator + sfa_col, dtype=sf_dtype), sfa_layout)
+    sfb_col = sfa_col + tcgen05.find_tmem_tensor_col_offset(tCtSFA)
+    tCtSFB = cute.make_tensor(cute.recast_ptr(acc.iterator + sfb_col, dtype=sf_dtype), sfb_layout)
+    return tCtSFA, tCtSFB, sfa_col, sfb_col
+
+
 class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
     arch = "sm_100a"
     supported_kinds = ("native",)
     ptx_signature = ("tcgen05.mma block_scale", "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale")
+    # Implemented by this class's device code; a subclass that brings its own (kernel,
+    # _producer, _epilogue) offers 1 epilogue warpgroup unless it declares more itself.
+    epilogue_warpgroup_choices = (1, 2)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.epilogue_warpgroup_choices = vars(cls).get("epilogue_warpgroup_choices", (1,))
 
     @classmethod
     def config_problems(cls, config: GemmConfig) -> list[str]:
@@ -63,6 +166,10 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
             out.append("clusters are not implemented on sm_100a yet")
         if config.mma_per_promotion != 4:
             out.append("sm_100a applies the block scales in the MMA (no promotion knob)")
+        if config.pipelined_promotion:
+            out.append("pipelined_promotion (sm_100a applies the block scales in the MMA: nothing to pipeline)")
+        if not config.epilogue:
+            out.append("epilogue=False (the profiling probe is sm_90a only; here it would run the full epilogue)")
         return out
 
     @staticmethod
@@ -75,10 +182,27 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
         super().__init__(config)
         self.stages = config.stages or min(self.max_stages(config), 8)
         self.mma_tiler_mn = (config.tile_m, epi.HEAD_DIM)
-        self.threads = 32 * (len(EPI_WARPS) + 2)
+        self.epi_warpgroups = config.epilogue_warpgroups
+        self.epi_threads = 128 * self.epi_warpgroups
+        self.mma_warp = 4 * self.epi_warpgroups
+        self.tma_warp = self.mma_warp + 1
+        if self.epi_warpgroups == 1:
+            self.threads = 32 * (self.tma_warp + 1)
+            self.launch_regs = self.other_regs = self.epilogue_regs = None  # no setmaxnreg
+        else:
+            # Two epilogue warps share each SM sub-partition with one warp of the last
+            # warpgroup (MMA, TMA, two idle), whose registers they take: setmaxnreg moves
+            # them inside the launch allocation (ptxas's entry count, 65536 / threads
+            # rounded down to 8, x threads). A whole row a thread needs more than the 168
+            # an even split gives (it spills there).
+            self.threads = 128 * (self.epi_warpgroups + 1)
+            self.launch_regs = (65536 // self.threads) // 8 * 8
+            self.other_regs = 40
+            pool = self.launch_regs * self.threads // 128  # per thread of each warpgroup
+            self.epilogue_regs = (pool - self.other_regs) // self.epi_warpgroups // 8 * 8
         self.row_layout = epi.SM100_ROW_LAYOUT
-        self.epilog_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=32 * len(EPI_WARPS))
-        self.tmem_alloc_barrier = pipeline.NamedBarrier(barrier_id=2, num_threads=32 * (len(EPI_WARPS) + 1))
+        self.epilog_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.epi_threads)
+        self.tmem_alloc_barrier = pipeline.NamedBarrier(barrier_id=2, num_threads=self.epi_threads + 32)
 
     def _tiled_mma(self, a_dtype, b_dtype, sf_dtype, tiler_mn):
         return sm100_utils.make_blockscaled_trivial_tiled_mma(
@@ -175,7 +299,8 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
             tiled_mma, self.cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
             self.a_smem_staged, self.b_smem_staged, self.sfa_smem_staged, self.sfb_smem_staged,
             sched_params, positions, cos_sin, out_q, out_scale, m,
-        ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), stream=stream, min_blocks_per_mp=1)
+        ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), stream=stream, min_blocks_per_mp=1,
+                 use_pdl=self.config.pdl)
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
@@ -189,7 +314,7 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        if warp_idx == TMA_WARP:
+        if warp_idx == self.tma_warp:
             for atom in (tma_a, tma_b, tma_sfa, tma_sfb):
                 cute.nvgpu.cpasync.prefetch_descriptor(atom)
 
@@ -203,16 +328,18 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
             cta_layout_vmnk=cluster_layout_vmnk,
             defer_sync=True,
         )
+        # Each accumulator stage is drained by one epilogue warpgroup (stage g by
+        # warpgroup g % epilogue_warpgroups): 128 threads release it.
         acc_pipeline = pipeline.PipelineUmmaAsync.create(
             barrier_storage=storage.acc_full.data_ptr(),
             num_stages=ACC_STAGES,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(EPI_WARPS)),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
             cta_layout_vmnk=cluster_layout_vmnk,
             defer_sync=True,
         )
         tmem = utils.TmemAllocator(storage.tmem_holding.ptr, barrier_for_retrieve=self.tmem_alloc_barrier,
-                                   allocator_warp_id=EPI_WARPS[0])
+                                   allocator_warp_id=0)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
@@ -245,16 +372,21 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, ACC_STAGES))
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        if warp_idx == TMA_WARP:
-            self._producer(ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
-                           tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB)
-        if warp_idx == MMA_WARP:
-            tmem.wait_for_alloc()
-            acc_ptr = tmem.retrieve_ptr(Float32)
-            self._mma(tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
-                      tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged)
-        if warp_idx < MMA_WARP:
-            tmem.allocate(cute.arch.get_max_tmem_alloc_cols("sm_100"))
+        if warp_idx >= self.mma_warp:  # MMA, TMA (and with two epilogue warpgroups two idle warps)
+            if cutlass.const_expr(self.epilogue_regs is not None):
+                cute.arch.setmaxregister_decrease(self.other_regs)  # the whole last warpgroup
+            if warp_idx == self.tma_warp:
+                self._producer(ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
+                               tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB)
+            if warp_idx == self.mma_warp:
+                tmem.wait_for_alloc()
+                acc_ptr = tmem.retrieve_ptr(Float32)
+                self._mma(tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
+                          tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged)
+        else:
+            if cutlass.const_expr(self.epilogue_regs is not None):
+                cute.arch.setmaxregister_increase(self.epilogue_regs)
+            tmem.allocate(TMEM_COLUMNS)
             tmem.wait_for_alloc()
             acc_ptr = tmem.retrieve_ptr(Float32)
             self._epilogue(acc_pipeline, sched_params, cute.make_tensor(acc_ptr, tCtAcc_fake.layout), tidx,
@@ -270,6 +402,34 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
                                                            cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        # PDL: the first tile's weight blocks and their scale factors (as many stages as
+        # the ring holds) are requested before waiting for the activation quantizer; those
+        # stages get the activation's blocks after the wait (each stage's barrier expects
+        # all four copies' bytes). The weight may be read before the wait: run_fused
+        # launches the quantizer, which writes only the activation and its scale factors,
+        # right before this kernel, and that launch waits for all earlier work.
+        early = 0
+        if cutlass.const_expr(self.config.pdl):
+            early = min(self.stages, k_tiles)
+            a_state = state.clone()
+            if work.is_valid_tile:
+                tBgB_n = tBgB[(None, work.tile_idx[1], None, 0)]
+                tBgSFB_n = tBgSFB[(None, work.tile_idx[1], None, 0)]
+                for kt in cutlass.range_constexpr(early):
+                    ab_pipeline.producer_acquire(state)
+                    bar = ab_pipeline.producer_get_barrier(state)
+                    cute.copy(tma_b, tBgB_n[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_sfb, tBgSFB_n[(None, kt)], tBsSFB[(None, state.index)], tma_bar_ptr=bar)
+                    state.advance()
+            cute.arch.griddepcontrol_wait()
+            if work.is_valid_tile:
+                tAgA_m = tAgA[(None, work.tile_idx[0], None, 0)]
+                tAgSFA_m = tAgSFA[(None, work.tile_idx[0], None, 0)]
+                for kt in cutlass.range_constexpr(early):
+                    bar = ab_pipeline.producer_get_barrier(a_state)
+                    cute.copy(tma_a, tAgA_m[(None, kt)], tAsA[(None, a_state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_sfa, tAgSFA_m[(None, kt)], tAsSFA[(None, a_state.index)], tma_bar_ptr=bar)
+                    a_state.advance()
         while work.is_valid_tile:
             tile = work.tile_idx
             srcs = (
@@ -278,12 +438,13 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
                 (tma_sfa, tAgSFA[(None, tile[0], None, 0)], tAsSFA),
                 (tma_sfb, tBgSFB[(None, tile[1], None, 0)], tBsSFB),
             )
-            for kt in range(k_tiles):
+            for kt in range(early, k_tiles):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 for atom, g, s in srcs:
                     cute.copy(atom, g[(None, kt)], s[(None, state.index)], tma_bar_ptr=bar)
                 state.advance()
+            early = 0  # only the first tile had its first blocks issued above
             sched.advance_to_next_work()
             work = sched.get_current_work()
         ab_pipeline.producer_tail(state)
@@ -302,17 +463,8 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
     def _mma(self, tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
              tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged):
         acc = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
-        acc_cols = self.mma_tiler[1] * ACC_STAGES
-        sfa_cols = (self.mma_tiler[0] // 32) * (SCALE_BLOCK_K // SF_VEC)
-        sf_dtype = cutlass.Float8E8M0FNU
-        tCtSFA = cute.make_tensor(
-            cute.recast_ptr(acc_ptr + acc_cols, dtype=sf_dtype),
-            blockscaled_utils.make_tmem_layout_sfa(tiled_mma, self.mma_tiler, SF_VEC,
-                                                   cute.slice_(sfa_smem_staged, (None, None, None, 0))))
-        tCtSFB = cute.make_tensor(
-            cute.recast_ptr(acc_ptr + acc_cols + sfa_cols, dtype=sf_dtype),
-            blockscaled_utils.make_tmem_layout_sfb(tiled_mma, self.mma_tiler, SF_VEC,
-                                                   cute.slice_(sfb_smem_staged, (None, None, None, 0))))
+        tCtSFA, tCtSFB, _, _ = sf_tmem_tensors(tiled_mma, self.mma_tiler, acc, sfa_smem_staged,
+                                               sfb_smem_staged)
         copy_sfa, s2t_sfa_src, s2t_sfa_dst = self._s2t(sSFA, tCtSFA)
         copy_sfb, s2t_sfb_src, s2t_sfb_dst = self._s2t(sSFB, tCtSFB)
 
@@ -344,31 +496,44 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
     def _epilogue(self, acc_pipeline, sched_params, acc, tidx, positions, cos_sin, out_q, out_scale, m):
         # One TMEM lane (= tile row) a thread, all 128 columns: tcgen05.ld 32x32b x128.
         tile_mn = self.mma_tiler[:2]
+        wgs = self.epi_warpgroups
+        wg = cute.arch.make_warp_uniform(tidx // 128)  # this thread's epilogue warpgroup
+        lane_row = tidx % 128  # its TMEM lane (warp w reads lanes 32 (w % 4) ..)
         atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x128), Float32)
         acc_tile = acc[((None, None), 0, 0, None)]
         t2r = tcgen05.make_tmem_copy(atom, acc_tile[(None, None, 0)])
-        thr = t2r.get_slice(tidx)
+        thr = t2r.get_slice(lane_row)
         tTR_tAcc = thr.partition_S(acc_tile)
         tTR_cAcc = thr.partition_D(cute.make_identity_tensor(tile_mn))
         regs = cute.make_rmem_tensor(tTR_cAcc.shape, Float32)
         layout = self.row_layout
         num_pos = cos_sin.shape[0]
         zero = Int32(0)
+        if cutlass.const_expr(self.config.pdl):
+            # positions / cos_sin are read only after the quantizer's grid has completed,
+            # as on sm_90a (nothing launched before it can still be writing them).
+            cute.arch.griddepcontrol_wait()
 
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
                                                            cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
-        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, ACC_STAGES)
+        # Warpgroup g takes this CTA's tiles g, g + wgs, ...: those whose accumulator is
+        # stage g (the MMA warp fills the stages in turn), so its consumer state stays on
+        # stage g and flips its phase once per tile it drains.
+        if cutlass.const_expr(wgs > 1):
+            sched.advance_to_next_work(advance_count=wg)
+        work = sched.get_current_work()
+        acc_state = pipeline.PipelineState(ACC_STAGES, Int32(0), Int32(wg), Int32(0))
         while work.is_valid_tile:
             tile = work.tile_idx
-            row = tile[0] * tile_mn[0] + tidx
+            row = tile[0] * tile_mn[0] + lane_row
             cs = epi.load_cos_sin(layout, row, m, num_pos, positions, cos_sin, zero)
             acc_pipeline.consumer_wait(acc_state)
             cute.copy(t2r, tTR_tAcc[(None, None, None, acc_state.index)], regs)
             cute.arch.fence_view_async_tmem_load()
             acc_pipeline.consumer_release(acc_state)  # the MMA warp may reuse this stage now
-            acc_state.advance()
+            for _ in cutlass.range_constexpr(wgs):
+                acc_state.advance()
             vals = _bf16_row(regs)  # SPEC step 2's bf16 rounding
-            epi.head_row_epilogue(vals, layout, zero, cs, self.config, row, m, tile[1], out_q, out_scale)
-            sched.advance_to_next_work()
+            row_epilogue(vals, cs, self.config, row, m, tile[1], out_q, out_scale)
+            sched.advance_to_next_work(advance_count=wgs)
             work = sched.get_current_work()

@@ -143,11 +143,22 @@ def test_sm90_split_k_reduces_through_distributed_shared_memory(split_k, tmp_pat
         assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
 
 
-@pytest.mark.parametrize("out_format,hadamard", [("mxfp4", True), ("fp8", False)])
-def test_sm100_fused_compiles_to_tcgen05_block_scaled_mma(out_format, hadamard, tmp_path):
+# Every sm_100a variant: output format x Hadamard x epilogue warpgroups (1, or 2 taking
+# turns by tile). pdl only moves loads around a wait (test_sm100_pdl_...).
+SM100_VARIANTS = [(f, h, e) for f in ("mxfp4", "fp8", "fp8-unscaled") for h in (True, False) for e in (1, 2)]
+
+
+@pytest.mark.parametrize("out_format,hadamard,epilogue_warpgroups", SM100_VARIANTS)
+def test_sm100_fused_compiles_to_tcgen05_block_scaled_mma(out_format, hadamard, epilogue_warpgroups, tmp_path):
+    """tcgen05 block-scaled MMA and TMEM traffic; the q row stored with 16-byte stores
+    (16 words MXFP4, 32 FP8: 4 or 8 st.global.v4, the 4-byte store only for the scale);
+    the Hadamard's butterflies over bits 1-6 and its scaling as packed fp32x2 (6 x 32 adds,
+    6 x 32 subs, 64 muls); with two epilogue warpgroups a setmaxnreg split that fits
+    the launch allocation; ptxas: no spills."""
     from indexer_q.kernels.gemm_sm100 import Sm100FusedIndexerQ
 
-    cfg = GemmConfig(arch="sm_100a", tile_m=128, out_format=out_format, hadamard=hadamard)
+    cfg = GemmConfig(arch="sm_100a", tile_m=128, out_format=out_format, hadamard=hadamard,
+                     epilogue_warpgroups=epilogue_warpgroups)
     ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
     ptx = _ptx(ck)
     assert ".target sm_100a" in ptx
@@ -155,10 +166,83 @@ def test_sm100_fused_compiles_to_tcgen05_block_scaled_mma(out_format, hadamard, 
     for op in ("tcgen05.cp", "tcgen05.ld.sync.aligned.32x32b.x128", "tcgen05.alloc", "tcgen05.dealloc"):
         assert op in ptx, op
     assert Sm100FusedIndexerQ.ptx_signature[1] in ptx
+    v4, b32 = ptx.count("st.global.v4.b32"), ptx.count("st.global.b32")
+    assert (v4, b32) == ((4, 1) if out_format == "mxfp4" else (8, int(out_format == "fp8"))), (v4, b32)
+    packed = [ptx.count(f"{op}.rn.f32x2") for op in ("add", "sub", "mul")]
+    assert packed == ([192, 192, 64] if hadamard else [0, 0, 0]), packed
+    k = Sm100FusedIndexerQ(cfg)
+    regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)
+    if epilogue_warpgroups == 1:
+        assert not regs and k.threads == 192
+    else:
+        assert sorted(regs) == [("dec", str(k.other_regs)), ("inc", str(k.epilogue_regs))], regs
     if shutil.which("ptxas"):
         rep = _ptxas_report(ck, "sm_100a")
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)]
         assert spills and max(spills) == 0, rep
+        if epilogue_warpgroups > 1:  # setmaxnreg moves registers inside the launch allocation only
+            entry = int(re.findall(r"Used (\d+) registers", rep)[-1])
+            assert entry == k.launch_regs and 128 * (k.other_regs + k.epi_warpgroups * k.epilogue_regs) \
+                <= entry * k.threads, (entry, k.other_regs, k.epilogue_regs)
+
+
+def _tma_copies(ptx: str) -> list:
+    """(position, operand) of every TMA load in the PTX; the operand ("A", "B", "SFA", "SFB")
+    from its descriptor, a 128-byte kernel parameter (in the kernel's argument order)."""
+    descs = re.findall(r"\.param \.align 64 \.b8 (\w+)\[128\]", ptx)
+    assert len(descs) == 4, descs
+    role = dict(zip(descs, ("A", "B", "SFA", "SFB")))
+    reg = {r: role[p] for r, p in re.findall(r"mov\.b64\s+(%rd\d+), (\w+);", ptx) if p in role}
+    for dst, src in re.findall(r"cvta\.param\.u64\s+(%rd\d+), (%rd\d+);", ptx):
+        if src in reg:
+            reg[dst] = reg[src]
+    return [(m.start(), reg[m.group(1)])
+            for m in re.finditer(r"cp\.async\.bulk\.tensor\.\S+ \[[^\]]*\], \[(%rd\d+),", ptx)]
+
+
+@pytest.mark.parametrize("epilogue_warpgroups", [1, 2])
+def test_sm100_pdl_waits_for_the_activation_quantizer(epilogue_warpgroups, tmp_path):
+    """PDL on sm_100a as on sm_90a: the GEMM is launched as a programmatic dependent
+    (use_pdl) of the quantizer, which lets it start (griddepcontrol.launch_dependents).
+    Before the TMA warp's griddepcontrol.wait it loads only the first tile's weight and
+    weight scale factors (B, SFB: one pair a stage, as many stages as the ring holds);
+    every activation load (A, SFA) comes after it; the epilogue warps load nothing from
+    global memory (positions, cos/sin) before their own wait. pdl=False has no wait."""
+    from indexer_q.kernels.gemm_sm100 import Sm100FusedIndexerQ
+
+    aq = _ptx(dispatch.compile_act_quant_sf("sm_100a", keep_dir=str(tmp_path / "aq")))
+    assert "griddepcontrol.launch_dependents;" in aq
+    for pdl in (True, False):
+        cfg = GemmConfig(arch="sm_100a", tile_m=128, pdl=pdl, epilogue_warpgroups=epilogue_warpgroups)
+        ptx = _ptx(jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / str(pdl))))
+        copies = _tma_copies(ptx)
+        assert {r for _, r in copies} == {"A", "B", "SFA", "SFB"}
+        waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait;", ptx)]
+        if not pdl:
+            assert not waits
+            continue
+        assert len(waits) == 2, len(waits)  # the TMA warp's, the epilogue's
+        early = min(Sm100FusedIndexerQ(cfg).stages, 1536 // 128)
+        before = [r for pos, r in copies if pos < waits[0]]
+        assert before == ["B", "SFB"] * early, before
+        assert all(pos > waits[0] for pos, r in copies if r in ("A", "SFA"))
+        assert "ld.global" not in ptx[:waits[1]]
+
+
+def test_sm100_act_quant_writes_scale_factor_words(tmp_path):
+    """The sm_100a quantizer (what run_fused launches before the GEMM): e4m3 conversion,
+    per unit two data words and one scale-factor word (ITEMS units a half-warp), lets the
+    GEMM start early; no spills."""
+    from indexer_q.kernels.act_quant import ITEMS, WORDS_PER_LANE_OUT
+
+    ck = dispatch.compile_act_quant_sf("sm_100a", keep_dir=str(tmp_path))
+    ptx = _ptx(ck)
+    assert ".target sm_100a" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    assert "griddepcontrol.launch_dependents;" in ptx
+    assert ptx.count("st.global.b32") == ITEMS * (WORDS_PER_LANE_OUT + 1)
+    if shutil.which("ptxas"):
+        rep = _ptxas_report(ck, "sm_100a")
+        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
 
 
 def test_config_rejections():

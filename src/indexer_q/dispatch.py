@@ -117,14 +117,17 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
     if verified_only:
         check_available(arch, out_format)
     tactic = choose_tactic(arch, qr.device, t, n, k, tactic)
-    key = (arch, tactic, hadamard, fp4_rounding, out_format, positions.dtype, n, k)
+    sms = _sm_count(qr.device)  # the persistent grid's size: part of the compile key
+    key = (arch, tactic, hadamard, fp4_rounding, out_format, positions.dtype, n, k, sms)
     kernel = _FUSED.get(key)
     if kernel is None:  # first call of this combination: build the compile key
         config = tactic.to_config(arch, hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
                                   positions_dtype="int64" if positions.dtype == torch.int64 else "int32")
-        kernel = _FUSED.setdefault(key, jit.compile_fused(config, n, k))
+        kernel = _FUSED.setdefault(key, jit.compile_fused(config, n, k, sms=sms))
     if tactic.fused_act_quant:  # the kernel quantizes qr itself: one launch
         operands = (qr, weights.weight, weights.weight_scale)
+    elif arch == "sm_100a":  # the quantizer writes the GEMM's scale-factor layout itself
+        operands = _operands(arch, *run_act_quant_sf(qr, act_out), weights)
     else:
         a_fp8, a_scale = run_act_quant(qr, act_out)
         operands = _operands(arch, a_fp8, a_scale, weights)
@@ -144,13 +147,70 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
 
 
 def _operands(arch, a_fp8, a_scale, weights) -> tuple:
-    """The GEMM operands in the layout each arch's kernel reads."""
-    if arch == "sm_100a":  # UE8M0 scale factors in tcgen05's atom layout (not run on hardware yet)
-        from .weights import sf_atom_layout
-
-        return (a_fp8, sf_atom_layout(a_scale, a_fp8.shape[0]), weights.weight,
-                weights.extras["sf_atoms"])
+    """The GEMM operands in the layout each arch's kernel reads. sm_100a: `a_scale` is
+    already the activation's UE8M0 bytes in tcgen05's atom layout (run_act_quant_sf), the
+    weight's were laid out by prepare_weights: no work here (not run on hardware yet)."""
+    if arch == "sm_100a":
+        return a_fp8, a_scale, weights.weight, weights.extras["sf_atoms"]
     return a_fp8, a_scale, weights.weight, weights.weight_scale
+
+
+_SM_COUNT: dict = {}  # device -> SM count
+
+
+def _sm_count(device) -> int:
+    n = _SM_COUNT.get(device)
+    if n is None:
+        n = _SM_COUNT.setdefault(device, int(torch.cuda.get_device_properties(device).multi_processor_count))
+    return n
+
+
+_ACT_QUANT_SF: dict = {}  # device -> compiled sm_100a activation quantizer
+
+
+def compile_act_quant_sf(arch: str = "sm_100a", *, keep_dir=None):
+    """The sm_100a activation quantizer (kernels/act_quant_sm100.py): e4m3 bytes and the
+    scale factors in the fused kernel's atom layout; M and K symbolic. `arch` other than
+    sm_100a only for tests (its arithmetic and layout are arch-neutral)."""
+    from . import jit
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+        from indexer_q.kernels.act_quant_sm100 import ActQuantFp8Sf
+
+        m, kw, kq = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        args = [
+            make_fake_compact_tensor(cutlass.Int32, (m, kw), stride_order=(1, 0), assumed_align=16),
+            make_fake_compact_tensor(cutlass.Int32, (m, kq), stride_order=(1, 0), assumed_align=16),
+            make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=16),
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+        ]
+        return jit._compile("act_quant_fp8_sf", arch, ActQuantFp8Sf(arch), args, keep_dir)
+
+    if arch != "sm_100a":  # a test build: the disk key's kernel fingerprint is sm_100a's sources
+        return build()
+    return jit._cached(("act_quant_fp8_sf", arch), keep_dir, build)
+
+
+def run_act_quant_sf(qr, out=None, arch=None):
+    """SPEC step 1 for the sm_100a kernel, one launch: (a_fp8 [T, K], its UE8M0 scale
+    factors as uint8 in the atom layout, rows padded to 128: what _operands hands the
+    GEMM). `out`: preallocated (a_fp8, int32 words [act_quant_sm100.sf_words(T, K)])."""
+    from indexer_q.kernels.act_quant_sm100 import sf_words
+
+    t, k = qr.shape
+    if out is None:
+        out = (torch.empty(t, k, dtype=torch.float8_e4m3fn, device=qr.device),
+               torch.empty(sf_words(t, k), dtype=torch.int32, device=qr.device))
+    a_fp8, sf = out
+    kernel = _ACT_QUANT_SF.get((qr.device, arch))
+    if kernel is None:
+        kernel = _ACT_QUANT_SF.setdefault((qr.device, arch), compile_act_quant_sf(arch or "sm_100a"))
+    kernel(qr.view(torch.int32), a_fp8.view(torch.int32), sf.view(torch.int32))
+    return a_fp8, sf.view(torch.uint8)
 
 
 def _compile_samples():
@@ -178,6 +238,9 @@ def compile_for_arch(arch: str, out_dir=None) -> list[dict]:
 
     ck = jit.compile_act_quant(arch, keep_dir=_sub(out_dir, "act_quant"))
     record("act_quant_fp8", ck, {"cvt.rn.satfinite.e4m3x2": _ptx_has(ck, "cvt.rn.satfinite.e4m3x2.f32")})
+    if arch == "sm_100a":  # the quantizer the fused kernel runs after (scale-factor layout)
+        ck = compile_act_quant_sf(arch, keep_dir=_sub(out_dir, "act_quant_sf"))
+        record("act_quant_fp8_sf", ck, {"cvt.rn.satfinite.e4m3x2": _ptx_has(ck, "cvt.rn.satfinite.e4m3x2.f32")})
     if arch in FUSED_KERNELS:
         from .tactics import kernel_class
 

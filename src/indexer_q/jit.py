@@ -32,8 +32,29 @@ _MEMORY: dict = {}
 # Bump when what this module passes to the compiler changes (options, fake tensors).
 JIT_FORMAT = 2
 
-# Max CTAs resident at once; cross-compiling cannot ask a GPU, so it is part of the key.
-H200_SMS = 132
+# The persistent kernels' grid is the device's SM count (one CTA an SM), a compile-time
+# constant: it is part of the compile key. On a GPU it is the device's own
+# (torch.cuda.get_device_properties(...).multi_processor_count, passed by dispatch.run_fused);
+# cross-compiling (no GPU, or a GPU of another arch) takes the arch's usual count.
+DEFAULT_SMS = {"sm_90a": 132, "sm_100a": 148}  # H100 / H200 SXM; B200
+H200_SMS = DEFAULT_SMS["sm_90a"]
+
+
+def default_sms(arch: str) -> int:
+    """SM count to compile `arch`'s kernels for when the caller names no device: the
+    current CUDA device's if it is of that arch, else DEFAULT_SMS[arch]."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from .constants import ARCH_BY_CAPABILITY
+
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            if ARCH_BY_CAPABILITY.get((props.major, props.minor)) == arch:
+                return int(props.multi_processor_count)
+    except Exception:  # noqa: BLE001  (no usable CUDA: cross-compiling)
+        pass
+    return DEFAULT_SMS[arch]
 
 
 @dataclass
@@ -99,7 +120,7 @@ def disk_key(key) -> str:
     from . import __version__
     from .table import kernel_fingerprint
 
-    text = f"{kernel_fingerprint(key[1])}|{__version__}|{JIT_FORMAT}|{H200_SMS}|{_versions()}|{key!r}"
+    text = f"{kernel_fingerprint(key[1])}|{__version__}|{JIT_FORMAT}|{_versions()}|{key!r}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -211,12 +232,14 @@ def compile_act_quant(arch: str, *, keep_dir: str | None = None) -> CompiledKern
     return _cached(("act_quant_fp8", arch), keep_dir, build)
 
 
-def compile_fused(config, n: int, k: int, *, keep_dir: str | None = None) -> CompiledKernel:
-    """Compile the fused kernel for `config` (its arch) and the weight shape (N, K)."""
+def compile_fused(config, n: int, k: int, *, sms: int | None = None, keep_dir: str | None = None) -> CompiledKernel:
+    """Compile the fused kernel for `config` (its arch), the weight shape (N, K) and a
+    device of `sms` SMs (default: default_sms(config.arch)); `sms` is part of the key."""
     from .tactics import KERNEL_CLASSES, kernel_class
 
     if (config.arch, config.kind) not in KERNEL_CLASSES:
         raise NotImplementedError(f"no fused {config.kind} kernel for {config.arch} yet")
+    sms = int(sms) if sms is not None else default_sms(config.arch)
 
     def build():  # the kernel module (and CuTe DSL) is imported only to compile
         from .validate import fail
@@ -227,26 +250,27 @@ def compile_fused(config, n: int, k: int, *, keep_dir: str | None = None) -> Com
             fail("tactic", f"a configuration the {config.arch} {config.kind} kernel can run at N = {n}, K = {k}",
                  "; ".join(problems))
         kernel = cls(config)
-        return _compile("fused_indexer_q", config.arch, kernel.entry_point(), kernel.compile_args(n, k, H200_SMS),
+        return _compile("fused_indexer_q", config.arch, kernel.entry_point(), kernel.compile_args(n, k, sms),
                         keep_dir)
 
-    return _cached(("fused_indexer_q", config.arch, config, n, k), keep_dir, build)
+    return _cached(("fused_indexer_q", config.arch, config, n, k, sms), keep_dir, build)
 
 
 def _compile_job(job):
     """A worker's compile into the disk cache; a failure is returned, not raised."""
-    config, n, k = job
+    config, n, k, *sms = job  # (config, n, k) or (config, n, k, sms)
     try:
-        compile_fused(config, n, k)
+        compile_fused(config, n, k, sms=sms[0] if sms else None)
     except Exception as exc:  # noqa: BLE001
         return f"{config}: {type(exc).__name__}: {exc}"
     return None
 
 
 def precompile(jobs, workers: int | None = None) -> list[str]:
-    """Compile the fused kernels [(config, n, k)] at once in worker processes, each filling
-    the disk cache that this process then loads from (a kernel compiles in 1-4 s, one CPU
-    core each). Returns the failures as strings; does nothing without the disk cache."""
+    """Compile the fused kernels [(config, n, k)] or [(config, n, k, sms)] at once in worker
+    processes, each filling the disk cache that this process then loads from (a kernel
+    compiles in 1-4 s, one CPU core each). Returns the failures as strings; does nothing
+    without the disk cache."""
     import concurrent.futures
     import multiprocessing
 

@@ -28,7 +28,11 @@ def exp2_int(e: torch.Tensor) -> torch.Tensor:
 
 
 def scale_to_ue8m0(scale: torch.Tensor) -> torch.Tensor:
-    """float32 power-of-two scales 2^e -> UE8M0 bytes e + 127 (uint8); inf -> 0xFF."""
+    """float32 power-of-two scales 2^e -> UE8M0 bytes e + 127 (uint8); inf -> 0xFF.
+
+    Only for e >= -127: a subnormal scale (2^-128 .. 2^-149) has exponent field 0 and
+    would come out as byte 0 (2^-127). validate.check_power_of_two_scales refuses those
+    (prepare_weights, the reference); the activation's scales are 2^-22 or more."""
     bits = scale.to(torch.float32).contiguous().view(torch.int32)
     return ((bits >> 23) & 0xFF).to(torch.uint8)
 

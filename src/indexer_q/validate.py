@@ -92,8 +92,15 @@ def check_same_device(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tens
         fail(name, f"a tensor on {ref_name}'s device {ref.device}", f"device {x.device}")
 
 
+# The smallest scale a UE8M0 byte holds (byte 0). fp32 goes lower (subnormals down to
+# 2^-149), and the Blackwell kernel's scale-factor bytes would turn every such scale into
+# 2^-127 (up to 2^22 too large), so they are refused for every arch (SPEC step 1).
+MIN_UE8M0_SCALE = 2.0 ** -127
+
+
 def check_power_of_two_scales(name: str, scale: torch.Tensor) -> None:
-    """Every entry a finite, positive power of two (reads the values: load time only)."""
+    """Every entry a finite, positive power of two that UE8M0 can hold, i.e. in
+    [2^-127, 2^127] (reads the values: load time only)."""
     s = scale.detach().to(torch.float32)
     mant, _ = torch.frexp(s)
     bad = ~(torch.isfinite(s) & (s > 0) & (mant == 0.5))
@@ -101,6 +108,11 @@ def check_power_of_two_scales(name: str, scale: torch.Tensor) -> None:
         idx = tuple(int(i) for i in bad.nonzero()[0])
         fail(name, "every scale a positive finite power of two (UE8M0)",
              f"{float(s[idx])} at index {list(idx)}")
+    tiny = s < MIN_UE8M0_SCALE
+    if bool(tiny.any()):
+        idx = tuple(int(i) for i in tiny.nonzero()[0])
+        fail(name, "every scale at least 2^-127 (the smallest UE8M0 scale; fp32 subnormals have no UE8M0 byte)",
+             f"{float(s[idx])} (2^{int(torch.frexp(s[idx])[1]) - 1}) at index {list(idx)}")
 
 
 # ----------------------------------------------------------------------------------
