@@ -29,7 +29,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue as epi
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
-from .gemm_sm100 import SF_VEC, SMEM_CAPACITY, Sm100FusedIndexerQ
+from .gemm_sm100 import SF_VEC, SMEM_CAPACITY, Sm100FusedIndexerQ, row_epilogue
 
 # Token tiles: whole 128-row scale-factor atoms of the tokens on the MMA's N (a smaller N
 # would need the SFB tensor-memory offset of a sub-atom, which nothing here can check
@@ -161,7 +161,8 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
             tiled_mma, self.cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
             self.a_smem_staged, self.b_smem_staged, self.sfa_smem_staged, self.sfb_smem_staged,
             sched_params, positions, cos_sin, out_q, out_scale, m,
-        ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), stream=stream, min_blocks_per_mp=1)
+        ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), stream=stream, min_blocks_per_mp=1,
+                 use_pdl=self.config.pdl)
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
@@ -256,6 +257,31 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
                                                            cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        # PDL, as the native kernel: the first tile's weight blocks and their scale factors
+        # (A, SFA: as many stages as the ring holds) are requested before waiting for the
+        # activation quantizer; those stages get the tokens' blocks (B, SFB) after the wait.
+        early = 0
+        if cutlass.const_expr(self.config.pdl):
+            early = min(self.stages, k_tiles)
+            b_state = state.clone()
+            if work.is_valid_tile:
+                tAgA_h = tAgA[(None, work.tile_idx[1], None, 0)]
+                tAgSFA_h = tAgSFA[(None, work.tile_idx[1], None, 0)]
+                for kt in cutlass.range_constexpr(early):
+                    ab_pipeline.producer_acquire(state)
+                    bar = ab_pipeline.producer_get_barrier(state)
+                    cute.copy(tma_a, tAgA_h[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_sfa, tAgSFA_h[(None, kt)], tAsSFA[(None, state.index)], tma_bar_ptr=bar)
+                    state.advance()
+            cute.arch.griddepcontrol_wait()
+            if work.is_valid_tile:
+                tBgB_t = tBgB[(None, work.tile_idx[0], None, 0)]
+                tBgSFB_t = tBgSFB[(None, work.tile_idx[0], None, 0)]
+                for kt in cutlass.range_constexpr(early):
+                    bar = ab_pipeline.producer_get_barrier(b_state)
+                    cute.copy(tma_b, tBgB_t[(None, kt)], tBsB[(None, b_state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_sfb, tBgSFB_t[(None, kt)], tBsSFB[(None, b_state.index)], tma_bar_ptr=bar)
+                    b_state.advance()
         while work.is_valid_tile:
             tokens, head = work.tile_idx[0], work.tile_idx[1]
             srcs = (
@@ -264,12 +290,13 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
                 (tma_sfa, tAgSFA[(None, head, None, 0)], tAsSFA),
                 (tma_sfb, tBgSFB[(None, tokens, None, 0)], tBsSFB),
             )
-            for kt in range(k_tiles):
+            for kt in range(early, k_tiles):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 for atom, g, s in srcs:
                     cute.copy(atom, g[(None, kt)], s[(None, state.index)], tma_bar_ptr=bar)
                 state.advance()
+            early = 0  # only the first tile had its first blocks issued above
             sched.advance_to_next_work()
             work = sched.get_current_work()
         ab_pipeline.producer_tail(state)
@@ -334,6 +361,8 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
         num_pos = cos_sin.shape[0]
         zero = Int32(0)
         dim = tidx  # this thread's accumulator lane
+        if cutlass.const_expr(self.config.pdl):
+            cute.arch.griddepcontrol_wait()  # positions / cos_sin: nothing before the quantizer writes them
 
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
                                                            cute.arch.grid_dim())
@@ -368,6 +397,5 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
 
     def _row_epilogue(self, sQ, r, cs, row0, m, head, out_q, out_scale):
         """SPEC steps 3-6 on token row r of the tile (one whole row a thread)."""
-        layout = epi.SM100_ROW_LAYOUT
         vals = [v for w in range(WORDS_PER_ROW) for v in epi.bf16x2_unpack(sQ[r, swizzled_word(r, w)])]
-        epi.head_row_epilogue(vals, layout, Int32(0), cs, self.config, row0 + r, m, head, out_q, out_scale)
+        row_epilogue(vals, cs, self.config, row0 + r, m, head, out_q, out_scale)  # 16-byte stores

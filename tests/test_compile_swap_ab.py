@@ -70,6 +70,12 @@ def test_sm100_swap_ab_compiles(out_format, hadamard, tmp_path):
     assert "Sm100SwapABFusedIndexerQ" in ptx and "ShapeMNK12812832" in ptx
     assert "tcgen05.ld.sync.aligned.32x32b.x32" in ptx and "tcgen05.ld.sync.aligned.32x32b.x128" not in ptx
     assert Sm100SwapABFusedIndexerQ.ptx_signature[1] in ptx
+    # PDL as the native kernel: the weight (A) and its scale factors first, then the wait,
+    # then the tokens (B, SFB); 16-byte output stores
+    k = Sm100SwapABFusedIndexerQ(cfg)
+    before = ptx.split("griddepcontrol.wait;")[0]
+    assert before.count("cp.async.bulk.tensor") == 2 * min(k.stages, 1536 // 128)
+    assert "st.global.v4.b32" in ptx
     if shutil.which("ptxas"):
         assert _spills(ck, "sm_100a") == 0
 

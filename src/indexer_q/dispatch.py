@@ -220,7 +220,8 @@ def _compile_samples():
             ("native_tile_m128", GemmConfig(tile_m=128, hadamard=True)),
             ("swap_ab_tile_m16_fused_quant", GemmConfig(kind="swap_ab", tile_m=16, hadamard=True,
                                                         fused_act_quant=True)),
-            ("swap_ab_tile_m64_split_k2", GemmConfig(kind="swap_ab", tile_m=64, split_k=2, hadamard=True)))
+            ("swap_ab_tile_m64_split_k2", GemmConfig(kind="swap_ab", tile_m=64, split_k=2, hadamard=True)),
+            ("swap_ab_tile_m128", GemmConfig(kind="swap_ab", tile_m=128, hadamard=True)))
 
 
 def compile_for_arch(arch: str, out_dir=None) -> list[dict]:
