@@ -19,6 +19,7 @@ step() {  # name, timeout seconds, command...
   [ $rc -eq 0 ] || fails=$((fails + 1))
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader > "$out/gpu.txt"
+step tests_swap_ab 200 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_sm90_swap_ab.py
 step tests_kernel 420 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_sm90.py -k "not fp8"
 step tests_op 300 python3 -m pytest -q -p no:cacheprovider tests/test_op_gpu.py
 step tests_reliability 420 python3 -m pytest -q -p no:cacheprovider tests/test_reliability_gpu.py
@@ -28,7 +29,8 @@ step host_overhead 120 python3 -m tuning.host_overhead 1
 step tests_fp8 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_sm90.py -k fp8
 if [ -z "$quick" ]; then
   step sanitize 600 bash tuning/sanitize.sh "$out/sanitize"
-  step bench 590 python3 -m tuning.bench --out "$out/bench"
+  step bench 590 python3 -m tuning.bench --no-plots --out "$out/bench"  # plots: tuning.bench.plot on the CPU
+  step decode_parts 120 python3 -m tuning.decode_parts --m 1 8 16 --out "$out/decode_parts.jsonl"
   step tune_pro_tp1 590 python3 -m tuning.tune --model v4-pro --tp 1 --out "$out/H200_v4-pro_tp1.json"
   step tune_pro_tp8 590 python3 -m tuning.tune --model v4-pro --tp 8 --out "$out/H200_v4-pro_tp8.json"
   step tune_flash_tp1 590 python3 -m tuning.tune --model v4-flash --tp 1 --out "$out/H200_v4-flash_tp1.json"
