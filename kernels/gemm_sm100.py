@@ -225,30 +225,22 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
             make_fake_compact_tensor(cutlass.Uint8, (n * k // SF_VEC,), assumed_align=128),
         ]
 
-    # ------------------------------------------------------------------ host side
     @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,  # fp8 [M, K], K-major
-        sfa_bytes: cute.Tensor,  # uint8, the activation's UE8M0 bytes in the atom layout
-        w: cute.Tensor,  # fp8 [N, K], K-major
-        sfw_bytes: cute.Tensor,  # uint8, the weight's UE8M0 bytes in the atom layout
-        positions: cute.Tensor,  # int32/int64 [M]
-        cos_sin: cute.Tensor,  # f32 [P, 64]
-        out_q: cute.Tensor,  # int32 words [M, N/8] (packed mxfp4) or [M, N/4] (e4m3 bytes)
-        out_scale: cute.Tensor,  # int32 [M, H]
-        max_active_clusters: cutlass.Constexpr,
-        stream,
-    ):
-        m, k = a.shape
-        n = w.shape[0]
-        a_dtype, b_dtype, sf_dtype = a.element_type, w.element_type, cutlass.Float8E8M0FNU
-        # (M, K, L = 1) views, K-major, as the tcgen05 helpers expect
-        a3 = cute.make_tensor(a.iterator, cute.make_layout((m, k, 1), stride=(k, 1, m * k)))
-        b3 = cute.make_tensor(w.iterator, cute.make_layout((n, k, 1), stride=(k, 1, n * k)))
+    def _setup_operands(self, a_mk, sfa_bytes, b_nk, sfb_bytes):
+        """The MMA, the staged shared-memory layouts (self.*_smem_staged, self.mma_tiler,
+        self.tx_bytes) and the TMA atoms of A [rows, K] and B [rows, K] (K-major) with their
+        UE8M0 scale-factor bytes in the atom layout: the native kernel passes the
+        activation as A and the weight as B, the swapped-A/B kernel the other way round.
+        Returns (tiled_mma, (tma_a, mA), (tma_b, mB), (tma_sfa, mSFA), (tma_sfb, mSFB))."""
+        k = a_mk.shape[1]
+        ra, rb = a_mk.shape[0], b_nk.shape[0]
+        a_dtype, b_dtype, sf_dtype = a_mk.element_type, b_nk.element_type, cutlass.Float8E8M0FNU
+        # (rows, K, L = 1) views, K-major, as the tcgen05 helpers expect
+        a3 = cute.make_tensor(a_mk.iterator, cute.make_layout((ra, k, 1), stride=(k, 1, ra * k)))
+        b3 = cute.make_tensor(b_nk.iterator, cute.make_layout((rb, k, 1), stride=(k, 1, rb * k)))
         sfa = cute.make_tensor(cute.recast_ptr(sfa_bytes.iterator, dtype=sf_dtype),
                                blockscaled_utils.tile_atom_to_shape_SF(a3.shape, SF_VEC))
-        sfb = cute.make_tensor(cute.recast_ptr(sfw_bytes.iterator, dtype=sf_dtype),
+        sfb = cute.make_tensor(cute.recast_ptr(sfb_bytes.iterator, dtype=sf_dtype),
                                blockscaled_utils.tile_atom_to_shape_SF(b3.shape, SF_VEC))
 
         tiled_mma = self._tiled_mma(a_dtype, b_dtype, sf_dtype, self.mma_tiler_mn)
@@ -276,6 +268,29 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
         tma_sfb, mSFB, sfb_smem = tma(True, sfb, self.sfb_smem_staged, cutlass.Int16)
         self.tx_bytes = (cute.size_in_bytes(a_dtype, a_smem) + cute.size_in_bytes(b_dtype, b_smem)
                          + cute.size_in_bytes(sf_dtype, sfa_smem) + cute.size_in_bytes(sf_dtype, sfb_smem))
+        return tiled_mma, (tma_a, mA), (tma_b, mB), (tma_sfa, mSFA), (tma_sfb, mSFB)
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,  # fp8 [M, K], K-major
+        sfa_bytes: cute.Tensor,  # uint8, the activation's UE8M0 bytes in the atom layout
+        w: cute.Tensor,  # fp8 [N, K], K-major
+        sfw_bytes: cute.Tensor,  # uint8, the weight's UE8M0 bytes in the atom layout
+        positions: cute.Tensor,  # int32/int64 [M]
+        cos_sin: cute.Tensor,  # f32 [P, 64]
+        out_q: cute.Tensor,  # int32 words [M, N/8] (packed mxfp4) or [M, N/4] (e4m3 bytes)
+        out_scale: cute.Tensor,  # int32 [M, H]
+        max_active_clusters: cutlass.Constexpr,
+        stream,
+    ):
+        m, k = a.shape
+        n = w.shape[0]
+        tiled_mma, (tma_a, mA), (tma_b, mB), (tma_sfa, mSFA), (tma_sfb, mSFB) = self._setup_operands(
+            a, sfa_bytes, w, sfw_bytes)
+        stages = self.stages
+        a_dtype, b_dtype, sf_dtype = a.element_type, w.element_type, cutlass.Float8E8M0FNU
 
         tiles_mnl = (cute.ceil_div(m, self.mma_tiler[0]), n // self.mma_tiler[1], 1)
         sched_params = utils.PersistentTileSchedulerParams(tiles_mnl, (1, 1, 1), self.config.swizzle,

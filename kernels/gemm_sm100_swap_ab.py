@@ -21,7 +21,6 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import tcgen05
@@ -98,42 +97,13 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
         max_active_clusters: cutlass.Constexpr,
         stream,
     ):
-        m, k = a.shape
+        m = a.shape[0]
         n = w.shape[0]
-        fp8, sf_dtype = a.element_type, cutlass.Float8E8M0FNU
-        w3 = cute.make_tensor(w.iterator, cute.make_layout((n, k, 1), stride=(k, 1, n * k)))
-        a3 = cute.make_tensor(a.iterator, cute.make_layout((m, k, 1), stride=(k, 1, m * k)))
-        sfw = cute.make_tensor(cute.recast_ptr(sfw_bytes.iterator, dtype=sf_dtype),
-                               blockscaled_utils.tile_atom_to_shape_SF(w3.shape, SF_VEC))
-        sfa = cute.make_tensor(cute.recast_ptr(sfa_bytes.iterator, dtype=sf_dtype),
-                               blockscaled_utils.tile_atom_to_shape_SF(a3.shape, SF_VEC))
-
-        tiled_mma = self._tiled_mma(fp8, fp8, sf_dtype, self.mma_tiler_mn)
-        mma_k = cute.size(tiled_mma.shape_mnk, mode=[2])
-        self.mma_tiler = (*self.mma_tiler_mn, mma_k * (SCALE_BLOCK_K // mma_k))
-        self.cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
-        stages = self.stages
-        self.a_smem_staged = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, fp8, stages)
-        self.b_smem_staged = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, fp8, stages)
-        self.sfa_smem_staged = blockscaled_utils.make_smem_layout_sfa(tiled_mma, self.mma_tiler, SF_VEC, stages)
-        self.sfb_smem_staged = blockscaled_utils.make_smem_layout_sfb(tiled_mma, self.mma_tiler, SF_VEC, stages)
-
-        def tma(load_b, op_tensor, smem_staged, internal=None):
-            smem = cute.slice_(smem_staged, (None, None, None, 0))
-            make = cute.nvgpu.make_tiled_tma_atom_B if load_b else cute.nvgpu.make_tiled_tma_atom_A
-            op = (sm100_utils.cluster_shape_to_tma_atom_B if load_b else sm100_utils.cluster_shape_to_tma_atom_A)(
-                (1, 1), tiled_mma.thr_id)
-            atom, tensor = make(op, op_tensor, smem, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
-                                internal_type=internal)
-            return atom, tensor, smem
-
         # the weight and its scale factors on A, the tokens and theirs on B
-        tma_a, mA, a_smem = tma(False, w3, self.a_smem_staged)
-        tma_b, mB, b_smem = tma(True, a3, self.b_smem_staged)
-        tma_sfa, mSFA, sfa_smem = tma(False, sfw, self.sfa_smem_staged, cutlass.Int16)
-        tma_sfb, mSFB, sfb_smem = tma(True, sfa, self.sfb_smem_staged, cutlass.Int16)
-        self.tx_bytes = (cute.size_in_bytes(fp8, a_smem) + cute.size_in_bytes(fp8, b_smem)
-                         + cute.size_in_bytes(sf_dtype, sfa_smem) + cute.size_in_bytes(sf_dtype, sfb_smem))
+        tiled_mma, (tma_a, mA), (tma_b, mB), (tma_sfa, mSFA), (tma_sfb, mSFB) = self._setup_operands(
+            w, sfw_bytes, a, sfa_bytes)
+        stages = self.stages
+        fp8, sf_dtype = a.element_type, cutlass.Float8E8M0FNU
 
         # scheduler tiles: (token tiles, heads)
         tiles_mnl = (cute.ceil_div(m, self.mma_tiler[1]), n // self.mma_tiler[0], 1)
