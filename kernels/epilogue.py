@@ -21,7 +21,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .numerics import (  # noqa: F401  (re-exported for the kernels)
-    AMAX_FLOOR, FP4_MAX, FP8_MAX, HADAMARD_SCALE, HEAD_DIM, MXFP4_BLOCK, OUT_FORMATS, OUT_FP8,
+    AMAX_FLOOR, FP4_MAX, FP8_MAX, HADAMARD_SCALE, HEAD_DIM, MXFP4_BLOCK, OUT_BF16, OUT_FORMATS, OUT_FP8,
     OUT_FP8_UNSCALED, OUT_MXFP4, ROPE_DIMS,
 )
 
@@ -456,6 +456,12 @@ def fp8_row(vals: list, layout: HeadRowLayout, scaled: bool):
     return pairs, e
 
 
+def bf16_row(vals: list) -> list:
+    """out_format="bf16": word p holds locals 2p (low half) and 2p + 1 as bf16; exact,
+    the values being bf16 already."""
+    return [bf16x2_word(vals[2 * p], vals[2 * p + 1]) for p in range(len(vals) // 2)]
+
+
 # ---------------------------------------------------------------- row I/O, whole row
 def load_cos_sin(layout: HeadRowLayout, row, m, num_pos, positions, cos_sin, lane_cols):
     """(cos, sin) lists for the RoPE pairs this thread holds, in layout.rope_pairs()
@@ -502,6 +508,9 @@ def _store_row_v4(layout: HeadRowLayout, out_format_id: int, ok, safe_row, head,
     if out_format_id == OUT_MXFP4:
         base = (head * (HEAD_DIM // 2) + (lane_cols >> 1)) >> 2
         words = [(layout.column_static(8 * w) // 8, packed[w]) for w in range(len(packed))]
+    elif out_format_id == OUT_BF16:
+        base = (head * HEAD_DIM + lane_cols) >> 1
+        words = [(layout.column_static(2 * p) // 2, packed[p]) for p in range(len(packed))]
     else:
         base = (head * HEAD_DIM + lane_cols) >> 2
         words = [(layout.column_static(2 * p) // 4, (packed[p] & 0xFFFF) | (packed[p + 1] << 16))
@@ -517,7 +526,8 @@ def _store_row_v4(layout: HeadRowLayout, out_format_id: int, ok, safe_row, head,
 def store_row(layout: HeadRowLayout, out_format_id: int, row, m, head, lane_in_row, lane_cols,
               packed, scale_word, out_q, out_scale, vector: bool = False):
     """Word stores of one head row, predicated on row < M. out_q is viewed as int32 words;
-    `packed` is mxfp4_row's words, or fp8_row's e4m3 pairs (two make a word). `vector`:
+    `packed` is mxfp4_row's words, fp8_row's e4m3 pairs (two make a word) or bf16_row's
+    words. `vector`:
     16-byte stores (see _store_row_v4)."""
     ok = row < m
     safe_row = cutlass.min(row, m - 1)
@@ -528,13 +538,18 @@ def store_row(layout: HeadRowLayout, out_format_id: int, row, m, head, lane_in_r
         for w in range(len(packed)):  # words of 8 nibbles
             col = (base + layout.column_static(8 * w) // 2) >> 2
             store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), packed[w], ok)
+    elif out_format_id == OUT_BF16:
+        base = head * HEAD_DIM + lane_cols
+        for p in range(len(packed)):  # words of 2 bf16
+            col = (base + layout.column_static(2 * p)) >> 1
+            store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), packed[p], ok)
     else:
         base = head * HEAD_DIM + lane_cols
         for p in range(0, len(packed), 2):
             word = (packed[p] & 0xFFFF) | (packed[p + 1] << 16)
             col = (base + layout.column_static(2 * p)) >> 2
             store_i32_if(out_q.iterator + cute.crd2idx((safe_row, col), out_q.layout), word, ok)
-    if out_format_id != OUT_FP8_UNSCALED:
+    if out_format_id in (OUT_MXFP4, OUT_FP8):
         store_i32_if(out_scale.iterator + cute.crd2idx((safe_row, head), out_scale.layout),
                      scale_word, ok & (lane_in_row == 0))
 
@@ -552,10 +567,12 @@ def head_row_epilogue(vals: list, layout: HeadRowLayout, lane_in_row, cos_sin_va
 def quantize_store_row(vals: list, layout: HeadRowLayout, lane_in_row, config, row, m, head, out_q,
                        out_scale, vector: bool = False) -> None:
     """SPEC steps 5-6 on one head row of bf16-valued fp32 `vals` (after RoPE and the
-    optional Hadamard) and its stores."""
+    optional Hadamard) and its stores ("bf16": the row itself, no quantization)."""
     lane_cols = layout.column_lane_bits(lane_in_row)
     if config.out_format_id == OUT_MXFP4:
         packed, scale_word = mxfp4_row(vals, layout, lane_in_row, config.rne)
+    elif config.out_format_id == OUT_BF16:
+        packed, scale_word = bf16_row(vals), Int32(0)  # no scale
     else:
         packed, e = fp8_row(vals, layout, config.out_format_id == OUT_FP8)
         scale_word = (e + 127) << 23  # fp32 bits of 2^e

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .numerics import HEAD_DIM, OUT_FORMATS  # no DSL import: GemmConfig is a cache key
+from .numerics import HEAD_DIM, OUT_FORMATS, Q_BYTES_PER_HEAD  # no DSL import: GemmConfig is a cache key
 
 SCALE_BLOCK_K = 128  # the SPEC's activation (1x128) and weight (128x128) scale blocks
 
@@ -172,7 +172,7 @@ class FusedIndexerQGemmBase:
         cfg = self.config
         m, p = cute.sym_int(), cute.sym_int()
         pos_dtype = cutlass.Int64 if cfg.positions_dtype == "int64" else cutlass.Int32
-        q_words = n // 8 if cfg.out_format == "mxfp4" else n // 4
+        q_words = n // HEAD_DIM * Q_BYTES_PER_HEAD[cfg.out_format] // 4
         rowmaj = (1, 0)
         return [
             *self.operand_args(m, n, k),

@@ -14,4 +14,7 @@ HADAMARD_SCALE = 128.0 ** -0.5  # rounded to fp32 once, as the reference does
 OUT_MXFP4 = 0
 OUT_FP8 = 1
 OUT_FP8_UNSCALED = 2
-OUT_FORMATS = {"mxfp4": OUT_MXFP4, "fp8": OUT_FP8, "fp8-unscaled": OUT_FP8_UNSCALED}
+OUT_BF16 = 3
+OUT_FORMATS = {"mxfp4": OUT_MXFP4, "fp8": OUT_FP8, "fp8-unscaled": OUT_FP8_UNSCALED, "bf16": OUT_BF16}
+# Output bytes a head row takes in each format (q only; the scale is separate).
+Q_BYTES_PER_HEAD = {"mxfp4": HEAD_DIM // 2, "fp8": HEAD_DIM, "fp8-unscaled": HEAD_DIM, "bf16": 2 * HEAD_DIM}

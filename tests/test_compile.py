@@ -271,3 +271,38 @@ def test_compile_for_arch_reports_checks(arch, tmp_path):
     records = dispatch.compile_for_arch(arch, tmp_path)
     assert {r["kernel"] for r in records} >= {"act_quant_fp8", "fused_native_tile_m128"}
     assert all(r["checks"] and all(r["checks"].values()) for r in records)
+
+
+# out_format="bf16" through every epilogue shape: the shared epilogue's row stores with
+# no quantization (the row's bf16 words only, no scale store), for both arches and kinds.
+BF16_CASES = [
+    dict(arch="sm_90a", tile_m=128),
+    dict(arch="sm_90a", tile_m=64, epilogue_warpgroups=2),
+    dict(arch="sm_90a", tile_m=128, tensor_core_hadamard=True),
+    dict(arch="sm_90a", kind="swap_ab", tile_m=16, split_k=2, fused_act_quant=True),
+    dict(arch="sm_100a", tile_m=128),
+    dict(arch="sm_100a", kind="swap_ab", tile_m=128),
+]
+
+
+@pytest.mark.parametrize("case", BF16_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_bf16_format_compiles(case, tmp_path):
+    """The row leaves as bf16x2 words (cvt.rn.bf16x2.f32, exact on bf16 values): no e4m3
+    conversion outside the fused activation quantizer; sm_100a and the tensor-core Hadamard
+    store a thread's 64 or 16 words as 16-byte stores and nothing else (no scale)."""
+    cfg = GemmConfig(out_format="bf16", hadamard=True, **case)
+    ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
+    ptx = _ptx(ck)
+    assert f".target {cfg.arch}" in ptx
+    assert "cvt.rn.bf16x2.f32" in ptx
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == cfg.fused_act_quant
+    v4, b32 = ptx.count("st.global.v4.b32"), ptx.count("st.global.b32")
+    if cfg.arch == "sm_100a":
+        assert (v4, b32) == (16, 0), (v4, b32)  # one thread owns the row: 64 words
+    elif cfg.tensor_core_hadamard:
+        assert (v4, b32) == (16, 0), (v4, b32)  # 4 passes x a lane's 32 columns (16 words)
+    else:
+        assert v4 == 0 and b32 > 0 and b32 % 16 == 0, (v4, b32)  # 16 words a lane and pass
+    if shutil.which("ptxas"):
+        rep = _ptxas_report(ck, cfg.arch)
+        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep

@@ -17,14 +17,12 @@ from indexer_q.testing import make_inputs, rope_cos_sin_table
 pytestmark = pytest.mark.gpu
 
 P_LARGE = 1 << 20
-# SPEC: >= 99.9% identical FP4 codes against a float64 step 2. With the Hadamard on, one
-# bf16 flip of the GEMM output moves all 128 rotated values of its head, and Hopper's FP8
-# tensor cores (~14-bit accumulation inside a 128-K block) flip more of them than fp32
-# would: measured on the H200, our kernel and cuBLAS's block-scaled GEMM followed by the
-# reference steps 3-5 agree with the float64 reference identically (99.79% of codes at
-# M = 4096), so the rotated case is held to what the hardware reaches. Steps 3-5 are
-# exact either way (tests/test_reference_*).
-CODES_EQUAL_MIN = {False: 0.999, True: 0.997}
+# SPEC "What correct means": without the Hadamard, >= 99.9% identical FP4 codes and scale
+# bytes against the float64 pipeline. With it (or in FP8) no FP8 tensor-core GEMM reaches
+# a fixed figure (one bf16 flip of the GEMM output moves a head's 128 rotated values), so
+# the op is held to the cuBLAS chain instead (_no_worse_than_chain); steps 3-6 on the
+# kernel's own step 2 are held exact in tests/test_criterion_gpu.py.
+CODES_EQUAL_MIN = 0.999
 MS = (1, 2, 7, 64, 127, 128, 1000, 4096, 16384)
 NS = (1024, 8192)
 KS = (1024, 1536)
@@ -151,20 +149,21 @@ def _check_case(t, n, k, hadamard, rounding, out_format, seed, cos_sin, position
     q, s = _run_twice(x, weights, tactic=tactic, **opts)
     rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"], **opts)
     tag = f"M={t} N={n} K={k} had={hadamard} {rounding} {out_format} seed={seed} {tactic or ''}"
+    if hadamard:
+        _no_worse_than_chain(x, (q, s), (rq, rs), opts, tactic, tag)
     if out_format == "mxfp4":
         scale_eq, code_eq, max_step = _fp4_check(q, s, rq, rs)
-        if t * n >= 1 << 20:
-            assert scale_eq >= 0.999, f"{tag}: scale bytes equal {scale_eq:.6f}"
-        if t * n >= 1 << 20:  # below that a handful of codes is more than 0.1%
-            assert code_eq >= CODES_EQUAL_MIN[hadamard], f"{tag}: codes equal {code_eq:.6f}"
+        if t * n >= 1 << 20 and not hadamard:  # below that a handful of codes is more than 0.1%
+            assert scale_eq >= CODES_EQUAL_MIN, f"{tag}: scale bytes equal {scale_eq:.6f}"
+            assert code_eq >= CODES_EQUAL_MIN, f"{tag}: codes equal {code_eq:.6f}"
         assert max_step <= 1, f"{tag}: a code differs by {max_step} steps under the same scale"
         return code_eq, scale_eq
     from indexer_q.testing import e4m3_ordinal
 
     a, b = e4m3_ordinal(q), e4m3_ordinal(rq)
     eq = (a == b).double().mean().item()
-    if t * n >= 1 << 20:
-        assert eq >= CODES_EQUAL_MIN[hadamard], f"{tag}: bytes equal {eq:.6f}"
+    if t * n >= 1 << 20 and not hadamard:
+        assert eq >= CODES_EQUAL_MIN, f"{tag}: bytes equal {eq:.6f}"
     if s is not None:
         same = (s == rs)
         assert same.double().mean().item() >= 0.999, f"{tag}: scales differ"
@@ -173,6 +172,37 @@ def _check_case(t, n, k, hadamard, rounding, out_format, seed, cos_sin, position
     else:
         assert int(_e4m3_steps(a, b).max()) <= 1, f"{tag}: a value differs by more than one e4m3 step"
     return eq, None
+
+
+def _no_worse_than_chain(x, got, want, opts, tactic, tag):
+    """SPEC criterion 3: the cuBLAS chain's bytes where the kernel sums K in cuBLAS's order
+    (no K split; the tensor-core Hadamard sums its exact products in its own order: a few
+    differences, _allowed); with a K split, agreement with the float64 pipeline (`want`)
+    no lower than the chain's (less a few elements of sampling noise)."""
+    from indexer_q import dispatch
+    from indexer_q.testing import compare_outputs
+    from tuning.bench import cublas_reference_chain
+
+    t, k = x["qr"].shape
+    n = x["weight"].shape[0]
+    if tactic is None:
+        tactic = dispatch.choose_tactic("sm_90a", x["qr"].device, t, n, k)
+    chain = cublas_reference_chain(x, hadamard=opts["hadamard"], out_format=opts["out_format"],
+                                   fp4_rounding=opts["fp4_rounding"])
+    if tactic.split_k == 1:
+        tc = opts["hadamard"] and tactic.tensor_core_hadamard
+        for ours, theirs in zip(got, chain):
+            if ours is None:
+                continue
+            a, b = ours.contiguous().view(torch.uint8), theirs.contiguous().view(torch.uint8)
+            assert (_mismatches(a, b) <= _allowed(a)) if tc else torch.equal(a, b), f"{tag}: not the chain's bytes"
+        return
+    ours, theirs = compare_outputs(opts["out_format"], got, want), compare_outputs(opts["out_format"], chain, want)
+    numel = got[0].numel()
+    slack = 0.001 if numel >= 1 << 16 else 8 / numel
+    for key in ("codes_equal", "scales_equal"):
+        if ours[key] is not None:
+            assert ours[key] >= theirs[key] - slack, f"{tag}: {key} {ours[key]:.6f}, the chain's {theirs[key]:.6f}"
 
 
 def _e4m3_steps(a, b):
@@ -311,7 +341,8 @@ def test_fused_int32_positions_and_out_of_range(big_cos_sin):
     q, s = _run_twice(x, weights, **opts)
     rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"], **opts)
     scale_eq, code_eq, max_step = _fp4_check(q, s, rq, rs)
-    assert scale_eq >= 0.99 and code_eq >= CODES_EQUAL_MIN[True] - 0.002 and max_step <= 1
+    assert max_step <= 1
+    _no_worse_than_chain(x, (q, s), (rq, rs), opts, None, "int32 positions, some out of range")
 
 
 def test_fused_dequantized_error_is_mxfp4s_own(big_cos_sin):

@@ -20,6 +20,7 @@ def _fake_inputs(t=5, n=1024, k=1536):
     ("mxfp4", (5, 8, 64), torch.uint8, (5, 8), torch.int32),
     ("fp8", (5, 8, 128), torch.float8_e4m3fn, (5, 8), torch.float32),
     ("fp8-unscaled", (5, 8, 128), torch.float8_e4m3fn, (0,), torch.float32),
+    ("bf16", (5, 8, 128), torch.bfloat16, (0,), torch.float32),
 ])
 def test_fake_impl_shapes(out_format, q_shape, q_dtype, s_shape, s_dtype):
     with FakeTensorMode():

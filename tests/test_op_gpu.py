@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import indexer_q
-from indexer_q import reference as ref
-from indexer_q.testing import fp4_signed_codes, make_inputs
+from indexer_q.testing import make_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -22,10 +21,12 @@ def _inputs(t=200, n=1024, k=1536, seed=0):
     return x, indexer_q.prepare_weights(x["weight"], x["weight_scale"])
 
 
-def _agree(q, s, x, hadamard):
-    rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"],
-                                 hadamard=hadamard)
-    return (fp4_signed_codes(q) == fp4_signed_codes(rq)).double().mean().item()
+def _same_as_eager(q, s, x, w, hadamard):
+    """A replayed or compiled call writes exactly the bytes of an eager call on the same
+    inputs (same kernel, same tactic); the eager call is held to the SPEC elsewhere."""
+    eq, es = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=hadamard)
+    torch.cuda.synchronize()
+    return torch.equal(q, eq) and torch.equal(s, es)
 
 
 def test_opcheck():
@@ -38,8 +39,8 @@ def test_opcheck():
 
 def test_cuda_graph_replays_new_inputs():
     x, w = _inputs()
-    indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True)  # compile, warm
-    torch.cuda.synchronize()
+    first_q = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True)[0].clone()
+    torch.cuda.synchronize()  # compiled, warm
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True)
@@ -49,7 +50,8 @@ def test_cuda_graph_replays_new_inputs():
         x["positions"].copy_(y["positions"])
         graph.replay()
         torch.cuda.synchronize()
-        assert _agree(q, s, x, True) > 0.99
+        assert _same_as_eager(q, s, x, w, True)
+        assert not torch.equal(q, first_q)  # new inputs, new outputs
 
 
 def test_torch_compile_fullgraph():
@@ -61,7 +63,7 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(f, fullgraph=True)
     q, s = compiled(x["qr"], x["positions"])
-    assert _agree(q, s, x, True) > 0.99
+    assert _same_as_eager(q, s, x, w, True)
 
 
 SCRIPT = textwrap.dedent("""

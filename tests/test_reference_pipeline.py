@@ -101,3 +101,19 @@ def test_cos_sin_table():
     cs = rope_cos_sin_table(8)
     assert cs.shape == (8, 64) and cs.dtype == torch.float32
     assert torch.equal(cs[0, :32], torch.ones(32)) and torch.equal(cs[0, 32:], torch.zeros(32))
+
+
+def test_bf16_format_is_steps_3_and_4_unquantized():
+    """out_format="bf16": q after RoPE and the optional Hadamard, bf16 [T, H, 128], no
+    scale; every other format quantizes exactly that tensor."""
+    from indexer_q import reference as R
+    from indexer_q.testing import make_inputs
+
+    inp = make_inputs(9, 1024, 1024, seed=4)
+    for hadamard in (False, True):
+        q, s = R.fused_indexer_q(**inp, hadamard=hadamard, out_format="bf16")
+        assert s is None and q.dtype == torch.bfloat16 and tuple(q.shape) == (9, 8, 128)
+        assert torch.equal(q, R.bf16_pipeline(**inp, hadamard=hadamard))
+        fq, fs = R.fused_indexer_q(**inp, hadamard=hadamard, out_format="fp8")
+        rq, rs = R.quantize_fp8_per_head(q)
+        assert torch.equal(fq.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(fs, rs)

@@ -188,7 +188,7 @@ def test_fp4_rounding_value(inp):
 
 
 def test_out_format_value(inp):
-    with expect("out_format", "'mxfp4'", "'fp8'", "'fp8-unscaled'", "'nvfp4'"):
+    with expect("out_format", "'mxfp4'", "'fp8'", "'fp8-unscaled'", "'bf16'", "'nvfp4'"):
         call_ref(inp, out_format="nvfp4")
 
 
@@ -289,7 +289,7 @@ def test_detect_arch_cpu(monkeypatch):
 
 # ------------------------------------------------------------------ on a GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("out_format", ["mxfp4", "fp8", "fp8-unscaled"])
+@pytest.mark.parametrize("out_format", ["mxfp4", "fp8", "fp8-unscaled", "bf16"])
 def test_fused_indexer_q_empty_t_on_gpu(out_format):
     inp = make_inputs(0, N, K, seed=2, device="cuda")
     w = indexer_q.prepare_weights(inp["weight"], inp["weight_scale"])

@@ -45,6 +45,7 @@ import torch
 
 import indexer_q
 from indexer_q import table
+from indexer_q.constants import OUT_FORMATS, Q_BYTES_PER_HEAD
 from indexer_q import reference as ref
 from indexer_q.testing import make_inputs
 from tuning.peers import deepgemm
@@ -179,6 +180,8 @@ def cublas_reference_chain(x, *, hadamard, out_format, fp4_rounding="floor-ties"
     q = ref.hadamard_128(q) if hadamard else q
     if out_format == "mxfp4":
         return ref.quantize_mxfp4(q, fp4_rounding)
+    if out_format == "bf16":
+        return q, None
     return ref.quantize_fp8_per_head(q) if out_format == "fp8" else (ref.quantize_fp8_unscaled(q), None)
 
 
@@ -192,7 +195,7 @@ def unfused_chain(x, *, hadamard, fp4_rounding="floor-ties"):
 
 
 def problem_bytes(m, n, k, out_format="mxfp4") -> int:
-    q_bytes = m * n // 2 if out_format == "mxfp4" else m * n
+    q_bytes = m * (n // 128) * Q_BYTES_PER_HEAD[out_format]
     return m * k * 2 + n * k + (n // 128) * (k // 128) * 4 + q_bytes + m * (n // 128) * 4 + m * 8 + m * 256
 
 
@@ -442,7 +445,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help=f"M in {QUICK_MS} only")
     ap.add_argument("--m", type=int, nargs="+", default=None)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--out-format", nargs="+", default=["mxfp4"], choices=["mxfp4", "fp8", "fp8-unscaled"])
+    ap.add_argument("--out-format", nargs="+", default=["mxfp4"], choices=OUT_FORMATS)
     ap.add_argument("--no-hadamard", action="store_true")
     ap.add_argument("--tactic", nargs="*", default=[],
                     help="also time forced tactics, each 'field=value,...' over the heuristic's")

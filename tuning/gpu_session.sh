@@ -19,6 +19,7 @@ step() {  # name, timeout seconds, command...
   [ $rc -eq 0 ] || fails=$((fails + 1))
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader > "$out/gpu.txt"
+step tests_criterion 420 python3 -m pytest -q -p no:cacheprovider tests/test_criterion_gpu.py
 step tests_swap_ab 200 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_sm90_swap_ab.py
 step tests_kernel 420 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_sm90.py -k "not fp8"
 step tests_op 300 python3 -m pytest -q -p no:cacheprovider tests/test_op_gpu.py

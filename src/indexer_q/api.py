@@ -8,6 +8,7 @@ import torch
 from . import validate as V
 from . import op  # noqa: F401  (registers torch.ops.indexer_q.fused_indexer_q for torch.compile)
 from .arch import check_arch, detect_arch
+from .constants import SCALED_FORMATS
 from .checks import check_call  # noqa: F401  (also indexer_q.api.check_call, as before)
 from .weights import IndexerQWeights, build_extras
 
@@ -39,7 +40,8 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
 
     Returns (q_fp4 uint8 [T, H, 64], q_scale int32 [T, H]) for out_format="mxfp4",
     (q_fp8 float8_e4m3fn [T, H, 128], q_scale float32 [T, H]) for "fp8",
-    (q_fp8, None) for "fp8-unscaled". Raises InvalidInputError for bad inputs (including
+    (q_fp8, None) for "fp8-unscaled", (q bf16 [T, H, 128], None) for "bf16" (the kernel's
+    bf16 GEMM result after RoPE and the optional Hadamard, unquantized). Raises InvalidInputError for bad inputs (including
     CPU tensors: the reference is indexer_q.reference.fused_indexer_q) and
     indexer_q.dispatch.KernelUnavailableError when no kernel is built for this
     arch/format; it never falls back to the reference."""
@@ -56,7 +58,7 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
             qr, weights.weight.view(torch.uint8), weights.weight_scale, positions, cos_sin, hadamard,
             fp4_rounding, out_format, dispatch.tactic_json(tactic), weights.arch or "",
             weights.extras.get("sf_atoms"))
-        return q, (None if out_format == "fp8-unscaled" else q_scale)
+        return q, (q_scale if out_format in SCALED_FORMATS else None)
     # Eager (and CUDA graph capture): checked here, then launched directly. The custom
     # op's dispatch would add host time per call, and its first call imports torch's
     # compiler stack (seconds), which an eager caller never needs.

@@ -22,7 +22,7 @@ from .tactics import ARCHES_WITH_KERNELS as FUSED_KERNELS  # arches with a fused
 # sm_90a: mxfp4 by the SPEC's criteria; the FP8 formats byte-identical to the cuBLAS chain
 # a Hopper engine runs (the SPEC's float64 criterion is out of reach for any Hopper FP8
 # GEMM, see tests/test_kernel_sm90.py::test_fused_fp8_equals_the_hopper_chain).
-VERIFIED_FORMATS = {"sm_90a": ("mxfp4", "fp8", "fp8-unscaled")}
+VERIFIED_FORMATS = {"sm_90a": ("mxfp4", "fp8", "fp8-unscaled", "bf16")}
 
 
 # Per-call fast path: (arch, tactic, numerics, N, K) -> compiled kernel, so a call after

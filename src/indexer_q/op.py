@@ -28,8 +28,8 @@ def fused_indexer_q_op(
     arch: str,
     weight_sf_atoms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, q_scale); for out_format="fp8-unscaled" q_scale is an empty placeholder that
-    the api turns into None. `tactic` is a Tactic as JSON, or "" for the default choice;
+    """(q, q_scale); for out_format="fp8-unscaled" and "bf16" q_scale is an empty
+    placeholder that the api turns into None. `tactic` is a Tactic as JSON, or "" for the default choice;
     `arch` is IndexerQWeights.arch (the arch the weights were prepared for);
     `weight_sf_atoms` is the sm_100a kernel's weight scale layout (IndexerQWeights.extras).
     The FP8 weight travels as its uint8 bytes: torch's own op checks (opcheck's schema

@@ -293,6 +293,8 @@ def quantize_fp8_unscaled(q: torch.Tensor) -> torch.Tensor:
 
 def empty_outputs(t: int, heads: int, out_format: str, device):
     """The (q, q_scale) of a call with T tokens (used for T == 0)."""
+    if out_format == "bf16":
+        return torch.empty(t, heads, V.HEAD_DIM, dtype=torch.bfloat16, device=device), None
     if out_format == "mxfp4":
         return (torch.empty(t, heads, 64, dtype=torch.uint8, device=device),
                 torch.empty(t, heads, dtype=torch.int32, device=device))
@@ -313,7 +315,8 @@ def fused_indexer_q(qr, weight, weight_scale, positions, cos_sin, *, hadamard=Fa
 
     Returns (q_fp4 uint8 [T, H, 64], q_scale int32 [T, H]) for "mxfp4",
     (q_fp8 [T, H, 128], q_scale float32 [T, H]) for "fp8",
-    (q_fp8 [T, H, 128], None) for "fp8-unscaled"."""
+    (q_fp8 [T, H, 128], None) for "fp8-unscaled",
+    (q bf16 [T, H, 128], None) for "bf16" (steps 3-4's result, unquantized)."""
     if validate:
         V.check_problem(qr, weight, weight_scale, positions, cos_sin, hadamard=hadamard,
                         fp4_rounding=fp4_rounding, out_format=out_format)
@@ -324,6 +327,8 @@ def fused_indexer_q(qr, weight, weight_scale, positions, cos_sin, *, hadamard=Fa
         return quantize_mxfp4(q, fp4_rounding)
     if out_format == "fp8":
         return quantize_fp8_per_head(q)
+    if out_format == "bf16":
+        return q, None
     return quantize_fp8_unscaled(q), None
 
 

@@ -54,17 +54,28 @@ def e4m3_ordinal(x: torch.Tensor) -> torch.Tensor:
     return torch.where((b & 0x80) != 0, -mag, mag)
 
 
+def bf16_ordinal(x: torch.Tensor) -> torch.Tensor:
+    """bfloat16 -> int32 ordered like the values (so differences count ulps; +0 and -0 are
+    both 0)."""
+    b = x.view(torch.int16).to(torch.int32) & 0xFFFF
+    mag = b & 0x7FFF
+    return torch.where((b & 0x8000) != 0, -mag, mag)
+
+
 def compare_outputs(out_format: str, got, ref) -> dict:
-    """Agreement of a kernel's (q, q_scale) with the reference's:
+    """Agreement of a kernel's (q, q_scale) with the reference's, on their device:
     {"codes_equal": fraction, "scales_equal": fraction or None, "max_step": int}."""
     q, s = got
     rq, rs = ref
     if out_format == "mxfp4":
-        a, b = fp4_signed_codes(q.cpu()), fp4_signed_codes(rq.cpu())
-        scales_equal = (scale_bytes(s.cpu()) == scale_bytes(rs.cpu())).double().mean().item()
+        a, b = fp4_signed_codes(q), fp4_signed_codes(rq)
+        scales_equal = (scale_bytes(s) == scale_bytes(rs)).double().mean().item()
+    elif out_format == "bf16":  # "codes": bf16 values, steps in ulps
+        a, b = bf16_ordinal(q), bf16_ordinal(rq)
+        scales_equal = None
     else:
-        a, b = e4m3_ordinal(q.cpu()), e4m3_ordinal(rq.cpu())
-        scales_equal = None if s is None else (s.cpu() == rs.cpu()).double().mean().item()
+        a, b = e4m3_ordinal(q), e4m3_ordinal(rq)
+        scales_equal = None if s is None else (s == rs).double().mean().item()
     if a.numel() == 0:
         return {"codes_equal": 1.0, "scales_equal": scales_equal, "max_step": 0}
     return {

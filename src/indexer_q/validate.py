@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .constants import BLOCK, FP4_ROUNDINGS, HEAD_DIM, OUT_FORMATS, ROPE_WIDTH  # noqa: F401
+from .constants import BLOCK, FP4_ROUNDINGS, HEAD_DIM, OUT_FORMATS, Q_BYTES_PER_HEAD, ROPE_WIDTH  # noqa: F401
 
 ALIGN_BYTES = 16     # data-pointer alignment the kernels need (TMA / vector loads)
 
@@ -162,7 +162,7 @@ def check_index_range(t: int, n: int, k: int, p: int, out_format: str) -> None:
     """Sizes whose element offsets a 32-bit index still reaches: T rows of the widest
     tensor a kernel walks (q as 32-bit words, qr as words, positions), and P rows of
     cos_sin."""
-    q_words = n // 8 if out_format == "mxfp4" else n // 4
+    q_words = n // HEAD_DIM * Q_BYTES_PER_HEAD[out_format] // 4
     widest = max(q_words, k // 2, 1)
     if t * widest > MAX_INDEX:
         fail("qr", f"at most {MAX_INDEX // widest} tokens per call for N = {n}, K = {k}, "
