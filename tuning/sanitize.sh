@@ -2,7 +2,9 @@
 # compute-sanitizer (memcheck, racecheck, synccheck) over every tactic kind at small
 # shapes, one process per tool. Needs a GPU; from the repository root:
 #   bash tuning/sanitize.sh [OUT_DIR]
-# Kernels come from the disk cache when present (a first plain run fills it).
+# Kernels come from the disk cache when present (a first plain run fills it). Overrides:
+# SANITIZE_SPECS (tactics), SANITIZE_TOOLS (e.g. "memcheck"), INDEXER_Q_SMOKE_FORMATS
+# (output formats, comma-separated; default mxfp4).
 set -uo pipefail
 out=${1:-/tmp/indexer_q_sanitize}
 mkdir -p "$out"
@@ -21,7 +23,9 @@ for spec in "${specs[@]}"; do
 done
 python3 -m tuning.smoke --cases "${cases[@]}" > "$out/plain.log" 2>&1 || { echo "plain run failed"; exit 1; }
 status=0
-for tool in memcheck racecheck synccheck; do
+tools=(memcheck racecheck synccheck)
+[ -n "${SANITIZE_TOOLS:-}" ] && read -ra tools <<< "$SANITIZE_TOOLS"
+for tool in "${tools[@]}"; do
   log="$out/$tool.log"
   compute-sanitizer --tool "$tool" --error-exitcode 99 python3 -m tuning.smoke --cases "${cases[@]}" > "$log" 2>&1
   rc=$?

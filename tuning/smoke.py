@@ -1,6 +1,8 @@
 """Fused calls at given shapes and tactics, synchronously, in one process; for hang/fault
 triage and compute-sanitizer: `python -m tuning.smoke M N K [field=value,...]` or
-`python -m tuning.smoke --cases M:N:K[:field=value,...] ...`."""
+`python -m tuning.smoke --cases M:N:K[:field=value,...] ...`. Each case runs in every
+output format of INDEXER_Q_SMOKE_FORMATS (comma-separated; default "mxfp4")."""
+import os
 import sys
 import time
 
@@ -16,10 +18,12 @@ def run_case(m: int, n: int, k: int, fields: dict) -> None:
     x = make_inputs(m, n, k, seed=0, device="cuda")
     w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
     tactic = Tactic(**fields)  # the fields given over Tactic's defaults (native, tile 128)
-    t0 = time.time()
-    q, s = indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True, tactic=tactic)
-    torch.cuda.synchronize()
-    print(f"ok M={m} N={n} K={k} {fields} {time.time() - t0:.1f}s", flush=True)
+    for out_format in os.environ.get("INDEXER_Q_SMOKE_FORMATS", "mxfp4").split(","):
+        t0 = time.time()
+        indexer_q.fused_indexer_q(x["qr"], w, x["positions"], x["cos_sin"], hadamard=True, tactic=tactic,
+                                  out_format=out_format)
+        torch.cuda.synchronize()
+        print(f"ok M={m} N={n} K={k} {fields} {out_format} {time.time() - t0:.1f}s", flush=True)
 
 
 def main(argv):
