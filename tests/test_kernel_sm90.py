@@ -198,11 +198,26 @@ def _no_worse_than_chain(x, got, want, opts, tactic, tag):
             assert (_mismatches(a, b) <= _allowed(a)) if tc else torch.equal(a, b), f"{tag}: not the chain's bytes"
         return
     ours, theirs = compare_outputs(opts["out_format"], got, want), compare_outputs(opts["out_format"], chain, want)
-    numel = got[0].numel()
-    slack = 0.001 if numel >= 1 << 16 else 8 / numel
-    for key in ("codes_equal", "scales_equal"):
+    for key, count in (("codes_equal", _elements(opts["out_format"], got[0])), ("scales_equal", _numel(got[1]))):
         if ours[key] is not None:
+            slack = CHAIN_SLACK_ELEMENTS / count
             assert ours[key] >= theirs[key] - slack, f"{tag}: {key} {ours[key]:.6f}, the chain's {theirs[key]:.6f}"
+
+
+# "No worse than the chain" allows this many elements (codes, or scales) fewer in agreement
+# with the float64 pipeline: a K split sums in another order, which may flip a handful of
+# bf16 roundings either way. Measured on the H200: none (every K split's step 2 equalled
+# cuBLAS's bit for bit, tuning/results/criterion_sm90_2026-12-01.csv).
+CHAIN_SLACK_ELEMENTS = 4
+
+
+def _numel(x) -> int:
+    return 0 if x is None else x.numel()
+
+
+def _elements(out_format, q) -> int:
+    """q's values (two a byte for packed MXFP4)."""
+    return q.numel() * (2 if out_format == "mxfp4" else 1)
 
 
 def _e4m3_steps(a, b):

@@ -117,3 +117,12 @@ def test_bf16_format_is_steps_3_and_4_unquantized():
         fq, fs = R.fused_indexer_q(**inp, hadamard=hadamard, out_format="fp8")
         rq, rs = R.quantize_fp8_per_head(q)
         assert torch.equal(fq.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(fs, rs)
+
+
+def test_format_sizes_agree_between_host_and_kernels():
+    """The host's and the kernels' tables of output formats (kernels/ may not import src/)."""
+    from indexer_q import constants
+    from indexer_q.kernels import numerics
+
+    assert tuple(numerics.OUT_FORMATS) == constants.OUT_FORMATS
+    assert numerics.Q_BYTES_PER_HEAD == constants.Q_BYTES_PER_HEAD

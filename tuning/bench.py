@@ -45,7 +45,7 @@ import torch
 
 import indexer_q
 from indexer_q import table
-from indexer_q.constants import OUT_FORMATS, Q_BYTES_PER_HEAD
+from indexer_q.constants import OUT_FORMATS, Q_BYTES_PER_HEAD, SCALED_FORMATS
 from indexer_q import reference as ref
 from indexer_q.testing import make_inputs
 from tuning.peers import deepgemm
@@ -196,7 +196,8 @@ def unfused_chain(x, *, hadamard, fp4_rounding="floor-ties"):
 
 def problem_bytes(m, n, k, out_format="mxfp4") -> int:
     q_bytes = m * (n // 128) * Q_BYTES_PER_HEAD[out_format]
-    return m * k * 2 + n * k + (n // 128) * (k // 128) * 4 + q_bytes + m * (n // 128) * 4 + m * 8 + m * 256
+    scale_bytes = m * (n // 128) * 4 if out_format in SCALED_FORMATS else 0
+    return m * k * 2 + n * k + (n // 128) * (k // 128) * 4 + q_bytes + scale_bytes + m * 8 + m * 256
 
 
 def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None, peers=True,

@@ -63,10 +63,13 @@ def bf16_ordinal(x: torch.Tensor) -> torch.Tensor:
 
 
 def compare_outputs(out_format: str, got, ref) -> dict:
-    """Agreement of a kernel's (q, q_scale) with the reference's, on their device:
-    {"codes_equal": fraction, "scales_equal": fraction or None, "max_step": int}."""
+    """Agreement of a kernel's (q, q_scale) with the reference's, on the kernel output's
+    device (the reference's moved there): {"codes_equal": fraction, "scales_equal":
+    fraction or None, "max_step": int}."""
     q, s = got
     rq, rs = ref
+    rq = rq.to(q.device)
+    rs = None if rs is None else rs.to(q.device)
     if out_format == "mxfp4":
         a, b = fp4_signed_codes(q), fp4_signed_codes(rq)
         scales_equal = (scale_bytes(s) == scale_bytes(rs)).double().mean().item()
