@@ -86,15 +86,9 @@ def _step2_figures(q, q64_bf16):
 
 def _steps_3_to_6(q_own, x, hadamard, out_format, rounding):
     """The reference's steps 3-6 on a bf16 [T, N] step-2 output."""
-    q = ref.apply_rope(q_own.reshape(q_own.shape[0], -1, 128), x["positions"], x["cos_sin"])
-    q = ref.hadamard_128(q) if hadamard else q
-    if out_format == "mxfp4":
-        return ref.quantize_mxfp4(q, rounding)
-    if out_format == "fp8":
-        return ref.quantize_fp8_per_head(q)
-    if out_format == "fp8-unscaled":
-        return ref.quantize_fp8_unscaled(q), None
-    return q, None
+    from tuning.bench import cublas_reference_chain  # steps 3-6 on a given step 2
+
+    return cublas_reference_chain(x, hadamard=hadamard, out_format=out_format, fp4_rounding=rounding, q=q_own)
 
 
 def _same(a, b, tensor_core_order: bool) -> bool:

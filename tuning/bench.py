@@ -178,11 +178,7 @@ def cublas_reference_chain(x, *, hadamard, out_format, fp4_rounding="floor-ties"
     q = (cublas_gemm(x) if q is None else q).reshape(t, -1, 128)
     q = ref.apply_rope(q, x["positions"], x["cos_sin"])
     q = ref.hadamard_128(q) if hadamard else q
-    if out_format == "mxfp4":
-        return ref.quantize_mxfp4(q, fp4_rounding)
-    if out_format == "bf16":
-        return q, None
-    return ref.quantize_fp8_per_head(q) if out_format == "fp8" else (ref.quantize_fp8_unscaled(q), None)
+    return ref.output_format(q, out_format, fp4_rounding)
 
 
 def unfused_chain(x, *, hadamard, fp4_rounding="floor-ties"):

@@ -323,6 +323,12 @@ def fused_indexer_q(qr, weight, weight_scale, positions, cos_sin, *, hadamard=Fa
     if qr.shape[0] == 0:
         return empty_outputs(0, weight.shape[0] // V.HEAD_DIM, out_format, qr.device)
     q = bf16_pipeline(qr, weight, weight_scale, positions, cos_sin, hadamard=hadamard)
+    return output_format(q, out_format, fp4_rounding)
+
+
+def output_format(q: torch.Tensor, out_format: str, fp4_rounding: str = "floor-ties"):
+    """Steps 5-6: the bf16 q [T, H, 128] (after RoPE and the optional Hadamard) in
+    `out_format`, as (q, q_scale) the way fused_indexer_q returns it."""
     if out_format == "mxfp4":
         return quantize_mxfp4(q, fp4_rounding)
     if out_format == "fp8":
