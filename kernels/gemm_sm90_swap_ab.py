@@ -11,10 +11,13 @@ per token column.
 The activation reaches shared memory in one of two ways:
 - from the activation quantizer's output, by TMA beside the weight (the quantizer runs
   as its own launch before this one, with programmatic dependent launch);
-- `fused_act_quant`: the consumer warpgroup quantizes the bf16 rows of its token tile
-  itself (SPEC step 1, the act_quant kernel's arithmetic) straight into the swizzled
-  layout its WGMMAs read, while the producer's first weight loads are in flight. The
-  tile stays resident for every head the CTA takes with the same tokens. One launch.
+- `fused_act_quant`: the kernel quantizes the bf16 rows of its token tile itself (SPEC
+  step 1, the act_quant kernel's arithmetic) straight into the swizzled layout its
+  WGMMAs read, while the producer's first weight loads are in flight. The first tile is
+  quantized by the consumer and the epilogue warpgroups together (these are idle until
+  the first tile is done, and on K-split ranks 1.. throughout); a later token tile by the
+  consumer alone. The tile stays resident for every head the CTA takes with the same
+  tokens. One launch.
 
 The finished tile [128 dims x tokens] is rounded to bf16 (SPEC step 2) and written to
 shared memory transposed to token rows, so that the epilogue warpgroup(s) of
@@ -41,6 +44,7 @@ from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROU
 TOKEN_TILES = (8, 16, 32, 64)
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
 BAR_ACT_READY = 2  # named barrier of the consumer warpgroup: the quantized tile is in shared memory
+BAR_FIRST_ACT_READY = 3  # the same for the first tile, quantized by the consumer and the epilogue warpgroups
 QUANT_LANES = 16  # lanes a (token, 128-K block) unit, 8 values a lane (as kernels/act_quant.py)
 QUANT_RESERVED_REGS = 64  # a consumer thread's registers kept for addressing while it quantizes
 
@@ -294,6 +298,10 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
                 self._producer(ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params)
         elif warpgroup >= self.epi_wg:
             self._set_epilogue_registers()
+            if cutlass.const_expr(self.fused):
+                sActScale = storage.sActScale.get_tensor(cute.make_layout((self.k_blocks, t), stride=(t, 1)))
+                self._help_quantize_first_tile(act, storage.sB.data_ptr(), sActScale, k_begin, sched_params,
+                                               tidx - (self.epi_wg - 1) * WARPGROUP)
             if cta_rank == 0 or cutlass.const_expr(self.split_k == 1):  # K-split rank 0 writes
                 self._epilogue(epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
                                positions, cos_sin, out_q, out_scale, act.shape[0])
@@ -410,7 +418,10 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             row0 = m_tile * t
             if cutlass.const_expr(self.fused):
                 if m_tile != quantized:
-                    self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx)
+                    if tiles_done == 0:
+                        self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1 + self.epi_wgs)
+                    else:
+                        self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1)
                     quantized = m_tile
             acc.fill(0.0)
             # The block's scale per token column of this thread; from global memory (the
@@ -475,41 +486,75 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         epi_pipeline.producer_commit(epi_state)
 
     @cute.jit
-    def _quantize_tile(self, qr, sB_ptr, sActScale, row0, m, k_begin, ctidx):
-        """SPEC step 1 for the rank's K blocks of token rows row0.. (rows past M read row
-        M - 1: their columns are never stored): each (row, 128-K block) unit is a
-        half-warp's, 8 values a lane, quantized with the act_quant kernel's arithmetic
-        and stored as e4m3 in the WGMMA's swizzled B layout (128 bytes a row, 16-byte
-        chunks XORed with row % 8), its scale 2^e beside it."""
+    def _help_quantize_first_tile(self, qr, sB_ptr, sActScale, k_begin, sched_params, qtidx):
+        """An epilogue thread's share of the CTA's first token tile (qtidx counts from the
+        consumer's 128 threads on)."""
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        if work.is_valid_tile:
+            if cutlass.const_expr(self.config.pdl):
+                cute.arch.griddepcontrol_wait()  # qr may come from the previous grid
+            self._quantize_tile(qr, sB_ptr, sActScale, self._m_tile(work.tile_idx) * self.tile_rows, qr.shape[0],
+                                k_begin, qtidx, 1 + self.epi_wgs, helper=True)
+
+    @cute.jit
+    def _quantize_tile(self, qr, sB_ptr, sActScale, row0, m, k_begin, qtidx, helpers: cutlass.Constexpr,
+                       helper: cutlass.Constexpr = False):
+        """SPEC step 1 for the rank's K blocks of token rows row0.. by `helpers` warpgroups
+        (1: the consumer; more: with the epilogue warpgroups, first tile only): each (row,
+        128-K block) unit is a half-warp's, 8 values a lane, quantized with the act_quant
+        kernel's arithmetic and stored as e4m3 in the WGMMA's swizzled B layout (128 bytes
+        a row, 16-byte chunks XORed with row % 8), its scale 2^e beside it. Only the rows
+        below M are quantized: the columns of the rows past it hold whatever the buffer
+        held, and nothing computed from them is stored (a column of the MMA depends on its
+        own token only, and so does every epilogue step). A helper (epilogue) thread only
+        signals its part done; the consumer waits for every part."""
         t = self.tile_rows
-        groups = WARPGROUP // QUANT_LANES
-        rounds = t * self.k_blocks // groups
-        half = ctidx // QUANT_LANES
-        lane16 = ctidx % QUANT_LANES
+        groups = helpers * WARPGROUP // QUANT_LANES
+        rounds = (t * self.k_blocks + groups - 1) // groups  # a full tile's
+        units = cutlass.min(t, m - row0) * self.k_blocks  # the live rows' (row0 < M)
+        live_rounds = (units + groups - 1) // groups
+        half = qtidx // QUANT_LANES
+        lane16 = qtidx % QUANT_LANES
         sBw = cute.make_tensor(cute.recast_ptr(sB_ptr, dtype=Int32), cute.make_layout(t * self.k_blocks * 32))
-        # every thread is past its last read of the previous tile's scales and operands
-        cute.arch.barrier(barrier_id=BAR_ACT_READY, number_of_threads=WARPGROUP)
+        bar = BAR_ACT_READY if helpers == 1 else BAR_FIRST_ACT_READY
+        if cutlass.const_expr(helpers == 1):
+            # every thread is past its last read of the previous tile's scales and operands
+            cute.arch.barrier(barrier_id=bar, number_of_threads=WARPGROUP)
         # Units loaded at once: each load is a DRAM round trip, so as many as the registers
         # beside the accumulators hold (4 a unit; one batch up to T = 32 at split 2).
-        budget = max(1, (self.consumer_regs - 2 * t - QUANT_RESERVED_REGS) // 4)
+        regs = self.consumer_regs - 2 * t
+        if cutlass.const_expr(helpers > 1):
+            regs = min(regs, self.epilogue_regs)
+        budget = max(1, (regs - QUANT_RESERVED_REGS) // 4)
         batch = max(d for d in range(1, min(rounds, budget) + 1) if rounds % d == 0)
-        for first in cutlass.range(0, rounds, batch, unroll=1):  # a loop: unrolled it spilled at T = 64
+        for first in cutlass.range(0, live_rounds, batch, unroll=1):  # a loop: unrolled it spilled at T = 64
             loaded = []
             for it in cutlass.range_constexpr(batch):
-                unit = (first + it) * groups + half
+                # past the last live unit: a live unit's values, computed (the half-warp's
+                # shuffles need every lane) and not stored
+                unit = cutlass.min((first + it) * groups + half, units - 1)
+                stored = (first + it) * groups + half < units
                 r = unit // self.k_blocks
                 b = unit - r * self.k_blocks
-                row = cutlass.min(row0 + r, m - 1)
+                row = row0 + r
                 col = (k_begin + b) * SCALE_BLOCK_K + lane16 * 8
                 words = epi.load_f32x4(qr.iterator + cute.crd2idx((row, col), qr.layout))
-                loaded.append((r, b, words))
-            for r, b, words in loaded:
+                loaded.append((r, b, words, stored))
+            for r, b, words, stored in loaded:
                 out, scale = quantize_unit(words)
                 byte = b * (t * SCALE_BLOCK_K) + r * SCALE_BLOCK_K + ((((lane16 >> 1) ^ (r & 7)) << 4)
                                                                       + (lane16 & 1) * 8)
-                sBw[byte >> 2] = out[0]
-                sBw[(byte >> 2) + 1] = out[1]
-                if lane16 == 0:
-                    sActScale[b, r] = scale
+                if stored:
+                    sBw[byte >> 2] = out[0]
+                    sBw[(byte >> 2) + 1] = out[1]
+                    if lane16 == 0:
+                        sActScale[b, r] = scale
         cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
-        cute.arch.barrier(barrier_id=BAR_ACT_READY, number_of_threads=WARPGROUP)
+        # Arrive, not sync, in the helpers: bar.sync is .aligned (every thread meeting the
+        # barrier at the same instruction), and the helpers' copy of this code is another
+        # instruction than the consumer's (compute-sanitizer synccheck flags that)
+        if cutlass.const_expr(helper):
+            cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=helpers * WARPGROUP)
+        else:
+            cute.arch.barrier(barrier_id=bar, number_of_threads=helpers * WARPGROUP)

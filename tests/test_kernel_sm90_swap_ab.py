@@ -106,6 +106,47 @@ def test_swap_ab_split_k_is_as_good_as_the_chain(m, n, k, big_cos_sin, precompil
             assert _same_bytes(q, rq) >= _same_bytes(cq, rq) - 0.002, (tag, _same_bytes(q, rq), _same_bytes(cq, rq))
 
 
+# The first token tile is quantized by the consumer and the epilogue warpgroups together:
+# 1 or 2 helper warpgroups, K splits whose units the helpers divide (and T = 8 at split 4,
+# K = 1536: 24 units over 16 half-warps, some of them past the last unit), a second token
+# tile for some CTAs (M = 65 at T = 32 over 64 heads: 192 tiles on 132 SMs; quantized by
+# the consumer alone).
+HELPER_OPTS = dict(hadamard=True, fp4_rounding="rne", out_format="mxfp4")
+HELPER_CASES = [
+    (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, epilogue_warpgroups=e, fused_act_quant=True))
+    for m, n, k, t, s, e in (
+        (1, 1024, 1536, 8, 4, 1), (7, 1024, 1536, 8, 3, 2), (16, 8192, 1536, 16, 2, 1), (31, 8192, 1536, 32, 2, 2),
+        (33, 8192, 1024, 64, 2, 2), (64, 1024, 1536, 64, 2, 1), (200, 1024, 1536, 64, 1, 2), (65, 8192, 1536, 32, 1, 2))
+]
+
+
+@pytest.fixture(scope="module")
+def helpers_precompiled():
+    _needs_sm90()
+    from indexer_q import jit
+
+    jobs = [(t.to_config("sm_90a", positions_dtype="int64", **HELPER_OPTS), n, k)
+            for _, n, k, tactic in HELPER_CASES for t in (tactic, dataclasses.replace(tactic, fused_act_quant=False))]
+    errors = jit.precompile(jobs)
+    assert not errors, errors[:3]
+
+
+@pytest.mark.parametrize("m,n,k,tactic", HELPER_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_fused_quantizer_with_helpers_equals_the_separate_one(m, n, k, tactic, big_cos_sin,
+                                                                      helpers_precompiled):
+    """Same summation order, so the bytes equal those of the same tactic with the separate
+    quantizer, whoever quantized the tile."""
+    from indexer_q import prepare_weights
+
+    seed = _seed()
+    x = _inputs(m, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    q, s = _run_twice(x, weights, tactic=tactic, **HELPER_OPTS)
+    rq, rs = _run_twice(x, weights, tactic=dataclasses.replace(tactic, fused_act_quant=False), **HELPER_OPTS)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), f"M={m} N={n} K={k} seed={seed} {tactic}"
+    assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} {tactic}"
+
+
 def _same_bytes(a, b):
     return (a.view(torch.uint8) == b.view(torch.uint8)).double().mean().item()
 

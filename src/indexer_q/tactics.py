@@ -118,13 +118,13 @@ def swap_ab_tile(m: int) -> int:
 def _swap_ab_candidates(m: int, n: int, k: int):
     """The token tile for M; the activation quantized in the kernel or by its own launch;
     K split over a cluster of 1, 2, 4 CTAs, and 3, 6 or 8 for few heads (TP8: 8 heads on
-    132 SMs); a second epilogue warpgroup only where a tile has 32 rows or more (below
-    that one warpgroup's 16-row pass already covers it)."""
+    132 SMs); a second epilogue warpgroup where a tile has 32 rows or more (below that one
+    warpgroup's 16-row pass already covers it) or where it helps quantize the first tile."""
     tile = swap_ab_tile(m)
     heads = n // 128
     splits = [s for s in (1, 2, 3, 4, 6, 8) if (k // 128) % s == 0 and (s in (1, 2, 4) or heads <= 16)]
     for fused, split, ewg in itertools.product((True, False), splits, (1, 2)):
-        if ewg == 2 and tile < 32:
+        if ewg == 2 and tile < 32 and not fused:
             continue
         yield Tactic(kind="swap_ab", tile_m=tile, split_k=split, epilogue_warpgroups=ewg, fused_act_quant=fused)
 
@@ -192,12 +192,12 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
     if m <= SWAP_AB_HEURISTIC_MAX_M:
         # Decode: swapped A/B, one launch, the K split filling about the SMs (H200: V4-Pro
         # M = 1 6.2 us split in 2, 7.0 unsplit, 10.8 split in 4; TP8 3.7-3.9 split in 4,
-        # 4.9 unsplit), a second epilogue warpgroup from 32-token tiles.
+        # 4.9 unsplit), two epilogue warpgroups (they also quantize the first tile: H200
+        # V4-Pro M = 16 6.94 us against 7.18 with one, TP8 4.34 against 4.45).
         heads = n // 128
         split = max(s for s in (1, 2, 4) if (k // 128) % s == 0 and heads * s <= SM90_SMS)
-        tile = swap_ab_tile(m)
-        return Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=True,
-                      epilogue_warpgroups=2 if tile >= 32 else 1)
+        return Tactic(kind="swap_ab", tile_m=swap_ab_tile(m), split_k=split, fused_act_quant=True,
+                      epilogue_warpgroups=2)
     tiles_of_128 = -(-m // 128) * (n // 128)
     # Two epilogue warpgroups: on the H200 faster at every M for 64-row tiles (0.4-1 us
     # at M <= 128) and for 128-row tiles but at V4-Pro M >= 4096 (3% slower there, which
