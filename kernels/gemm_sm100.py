@@ -116,8 +116,8 @@ def hadamard_row_packed(vals: list) -> list:
 def row_epilogue(vals: list, cos_sin_vals, config: GemmConfig, row, m, head, out_q, out_scale) -> None:
     """SPEC steps 3-6 on one head row held whole by this thread (SM100_ROW_LAYOUT) and its
     stores: epi.head_row_epilogue's steps, with the Hadamard as hadamard_row_packed and the
-    q stores 16 bytes wide (the row's words are 16 (MXFP4) or 32 (FP8) consecutive words
-    from a 16-byte aligned head offset: _store_row_v4's precondition)."""
+    q stores 16 bytes wide (the row's words are 16 (MXFP4), 32 (FP8) or 64 (bf16) consecutive
+    words from a 16-byte aligned head offset: _store_row_v4's precondition)."""
     layout = epi.SM100_ROW_LAYOUT
     zero = Int32(0)
     vals = epi.rope_row(vals, layout, cos_sin_vals[0], cos_sin_vals[1])
@@ -280,7 +280,7 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
         sfw_bytes: cute.Tensor,  # uint8, the weight's UE8M0 bytes in the atom layout
         positions: cute.Tensor,  # int32/int64 [M]
         cos_sin: cute.Tensor,  # f32 [P, 64]
-        out_q: cute.Tensor,  # int32 words [M, N/8] (packed mxfp4) or [M, N/4] (e4m3 bytes)
+        out_q: cute.Tensor,  # int32 words [M, N/8] (packed mxfp4), [M, N/4] (e4m3) or [M, N/2] (bf16)
         out_scale: cute.Tensor,  # int32 [M, H]
         max_active_clusters: cutlass.Constexpr,
         stream,

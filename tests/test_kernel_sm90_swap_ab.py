@@ -107,16 +107,19 @@ def test_swap_ab_split_k_is_as_good_as_the_chain(m, n, k, big_cos_sin, precompil
 
 
 # The first token tile is quantized by the consumer and the epilogue warpgroups together:
-# 1 or 2 helper warpgroups, K splits whose units the helpers divide (and T = 8 at split 4,
-# K = 1536: 24 units over 16 half-warps, some of them past the last unit), a second token
-# tile for some CTAs (M = 65 at T = 32 over 64 heads: 192 tiles on 132 SMs; quantized by
-# the consumer alone).
+# 1 or 2 helper warpgroups; K splits whose units the helpers divide and do not (T = 8 at
+# split 4, K = 1536: 3 units a row over 16 half-warps); ragged M (only rows below M are
+# quantized); a later token tile, quantized by the consumer alone over the previous tile's
+# rows: M = 129 at T = 32, split 1, over 64 heads (5 token tiles, 320 tiles on 132 CTAs: CTA
+# c takes tiles c, c + 132, c + 264, of token tiles c % 5, (c + 2) % 5, (c + 4) % 5; a grid
+# of 132 with 3 or 4 token tiles would give a CTA the same token tile every time).
 HELPER_OPTS = dict(hadamard=True, fp4_rounding="rne", out_format="mxfp4")
 HELPER_CASES = [
     (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, epilogue_warpgroups=e, fused_act_quant=True))
     for m, n, k, t, s, e in (
         (1, 1024, 1536, 8, 4, 1), (7, 1024, 1536, 8, 3, 2), (16, 8192, 1536, 16, 2, 1), (31, 8192, 1536, 32, 2, 2),
-        (33, 8192, 1024, 64, 2, 2), (64, 1024, 1536, 64, 2, 1), (200, 1024, 1536, 64, 1, 2), (65, 8192, 1536, 32, 1, 2))
+        (33, 8192, 1024, 64, 2, 2), (64, 1024, 1536, 64, 2, 1), (200, 1024, 1536, 64, 1, 2), (65, 8192, 1536, 32, 1, 2),
+        (129, 8192, 1536, 32, 1, 2), (129, 8192, 1536, 32, 1, 1))
 ]
 
 
