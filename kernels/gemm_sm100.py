@@ -201,6 +201,8 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
             pool = self.launch_regs * self.threads // 128  # per thread of each warpgroup
             self.epilogue_regs = (pool - self.other_regs) // self.epi_warpgroups // 8 * 8
         self.row_layout = epi.SM100_ROW_LAYOUT
+        self.acc_stages = ACC_STAGES
+        self.weight_is_a = False  # the weight is the MMA's B here, its A in the swapped-A/B kernel
         self.epilog_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.epi_threads)
         self.tmem_alloc_barrier = pipeline.NamedBarrier(barrier_id=2, num_threads=self.epi_threads + 32)
 
@@ -289,33 +291,41 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
         n = w.shape[0]
         tiled_mma, (tma_a, mA), (tma_b, mB), (tma_sfa, mSFA), (tma_sfb, mSFB) = self._setup_operands(
             a, sfa_bytes, w, sfw_bytes)
-        stages = self.stages
-        a_dtype, b_dtype, sf_dtype = a.element_type, w.element_type, cutlass.Float8E8M0FNU
-
         tiles_mnl = (cute.ceil_div(m, self.mma_tiler[0]), n // self.mma_tiler[1], 1)
         sched_params = utils.PersistentTileSchedulerParams(tiles_mnl, (1, 1, 1), self.config.swizzle,
                                                            self.config.raster_along_m)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
-
-        @cute.struct
-        class SharedStorage:
-            ab_full: cute.struct.MemRange[cutlass.Int64, stages]
-            ab_empty: cute.struct.MemRange[cutlass.Int64, stages]
-            acc_full: cute.struct.MemRange[cutlass.Int64, ACC_STAGES]
-            acc_empty: cute.struct.MemRange[cutlass.Int64, ACC_STAGES]
-            tmem_holding: cutlass.Int32
-            sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.a_smem_staged.outer)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[b_dtype, cute.cosize(self.b_smem_staged.outer)], 1024]
-            sSFA: cute.struct.Align[cute.struct.MemRange[sf_dtype, cute.cosize(self.sfa_smem_staged)], 1024]
-            sSFB: cute.struct.Align[cute.struct.MemRange[sf_dtype, cute.cosize(self.sfb_smem_staged)], 1024]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self._shared_storage(a.element_type, w.element_type)
         self.kernel(
             tiled_mma, self.cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
             self.a_smem_staged, self.b_smem_staged, self.sfa_smem_staged, self.sfb_smem_staged,
             sched_params, positions, cos_sin, out_q, out_scale, m,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), stream=stream, min_blocks_per_mp=1,
                  use_pdl=self.config.pdl)
+
+    def _shared_storage(self, a_dtype, b_dtype, hand_off_words: int = 0):
+        """The CTA's shared memory: barriers, the TMEM address, then 1024-aligned buffers:
+        the bf16 hand-off tile when the kernel has one (swapped A/B), the A and B rings and
+        their scale factors'."""
+        sf_dtype = cutlass.Float8E8M0FNU
+
+        def buf(dtype, n):
+            return cute.struct.Align[cute.struct.MemRange[dtype, n], 1024]
+
+        fields = {
+            "ab_full": cute.struct.MemRange[cutlass.Int64, self.stages],
+            "ab_empty": cute.struct.MemRange[cutlass.Int64, self.stages],
+            "acc_full": cute.struct.MemRange[cutlass.Int64, self.acc_stages],
+            "acc_empty": cute.struct.MemRange[cutlass.Int64, self.acc_stages],
+            "tmem_holding": cutlass.Int32,
+        }
+        if hand_off_words:
+            fields["sQ"] = buf(Int32, hand_off_words)
+        fields["sA"] = buf(a_dtype, cute.cosize(self.a_smem_staged.outer))
+        fields["sB"] = buf(b_dtype, cute.cosize(self.b_smem_staged.outer))
+        fields["sSFA"] = buf(sf_dtype, cute.cosize(self.sfa_smem_staged))
+        fields["sSFB"] = buf(sf_dtype, cute.cosize(self.sfb_smem_staged))
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
@@ -332,7 +342,40 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
         if warp_idx == self.tma_warp:
             for atom in (tma_a, tma_b, tma_sfa, tma_sfb):
                 cute.nvgpu.cpasync.prefetch_descriptor(atom)
+        (storage, ab_pipeline, acc_pipeline, tmem, k_tiles, loads, tCrA, tCrB, sSFA, sSFB,
+         tCtAcc_fake) = self._device_setup(
+            tiled_mma, cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
+            a_smem_staged, b_smem_staged, sfa_smem_staged, sfb_smem_staged)
 
+        if warp_idx >= self.mma_warp:  # MMA, TMA (and with two epilogue warpgroups two idle warps)
+            if cutlass.const_expr(self.epilogue_regs is not None):
+                cute.arch.setmaxregister_decrease(self.other_regs)  # the whole last warpgroup
+            if warp_idx == self.tma_warp:
+                self._producer(ab_pipeline, k_tiles, sched_params, *loads)
+            if warp_idx == self.mma_warp:
+                tmem.wait_for_alloc()
+                acc_ptr = tmem.retrieve_ptr(Float32)
+                self._mma(tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
+                          tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged)
+        else:
+            if cutlass.const_expr(self.epilogue_regs is not None):
+                cute.arch.setmaxregister_increase(self.epilogue_regs)
+            tmem.allocate(TMEM_COLUMNS)
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(Float32)
+            self._epilogue(acc_pipeline, sched_params, cute.make_tensor(acc_ptr, tCtAcc_fake.layout), tidx,
+                           positions, cos_sin, out_q, out_scale, m)
+            tmem.relinquish_alloc_permit()
+            self.epilog_barrier.arrive_and_wait()
+            tmem.free(acc_ptr)
+
+    def _device_setup(self, tiled_mma, cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
+                      a_smem_staged, b_smem_staged, sfa_smem_staged, sfb_smem_staged):
+        """What the warps of every sm_100a kernel share, straight-line code traced in the
+        kernel (no dynamic branch, so a plain method): shared memory, the operand and
+        accumulator pipelines, the TMEM allocator, the TMA partitions ("loads": (atom,
+        global, shared) of A, B, SFA, SFB), the MMA fragments and the accumulator's TMEM
+        layout (self.acc_stages stages)."""
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         ab_pipeline = pipeline.PipelineTmaUmma.create(
             barrier_storage=storage.ab_full.data_ptr(),
@@ -343,11 +386,10 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
             cta_layout_vmnk=cluster_layout_vmnk,
             defer_sync=True,
         )
-        # Each accumulator stage is drained by one epilogue warpgroup (stage g by
-        # warpgroup g % epilogue_warpgroups): 128 threads release it.
+        # Each accumulator stage is drained by one epilogue warpgroup: 128 threads release it.
         acc_pipeline = pipeline.PipelineUmmaAsync.create(
             barrier_storage=storage.acc_full.data_ptr(),
-            num_stages=ACC_STAGES,
+            num_stages=self.acc_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
             cta_layout_vmnk=cluster_layout_vmnk,
@@ -371,9 +413,8 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
         one_cta = cute.make_layout(1)
 
         def partition(atom, s, g_mma):
-            ts, tg = cute.nvgpu.cpasync.tma_partition(atom, 0, one_cta, cute.group_modes(s, 0, 3),
-                                                      cute.group_modes(g_mma, 0, 3))
-            return ts, tg
+            return cute.nvgpu.cpasync.tma_partition(atom, 0, one_cta, cute.group_modes(s, 0, 3),
+                                                    cute.group_modes(g_mma, 0, 3))
 
         tAsA, tAgA = partition(tma_a, sA, thr_mma.partition_A(gA))
         tBsB, tBgB = partition(tma_b, sB, thr_mma.partition_B(gB))
@@ -384,35 +425,21 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
         tCrA = tiled_mma.make_fragment_A(sA)
         tCrB = tiled_mma.make_fragment_B(sB)
         acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
-        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, ACC_STAGES))
+        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.acc_stages))
         pipeline_init_wait(cluster_shape_mn=(1, 1))
-
-        if warp_idx >= self.mma_warp:  # MMA, TMA (and with two epilogue warpgroups two idle warps)
-            if cutlass.const_expr(self.epilogue_regs is not None):
-                cute.arch.setmaxregister_decrease(self.other_regs)  # the whole last warpgroup
-            if warp_idx == self.tma_warp:
-                self._producer(ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
-                               tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB)
-            if warp_idx == self.mma_warp:
-                tmem.wait_for_alloc()
-                acc_ptr = tmem.retrieve_ptr(Float32)
-                self._mma(tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
-                          tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged)
-        else:
-            if cutlass.const_expr(self.epilogue_regs is not None):
-                cute.arch.setmaxregister_increase(self.epilogue_regs)
-            tmem.allocate(TMEM_COLUMNS)
-            tmem.wait_for_alloc()
-            acc_ptr = tmem.retrieve_ptr(Float32)
-            self._epilogue(acc_pipeline, sched_params, cute.make_tensor(acc_ptr, tCtAcc_fake.layout), tidx,
-                           positions, cos_sin, out_q, out_scale, m)
-            tmem.relinquish_alloc_permit()
-            self.epilog_barrier.arrive_and_wait()
-            tmem.free(acc_ptr)
+        loads = ((tma_a, tAgA, tAsA), (tma_b, tBgB, tBsB), (tma_sfa, tAgSFA, tAsSFA), (tma_sfb, tBgSFB, tBsSFB))
+        return storage, ab_pipeline, acc_pipeline, tmem, k_tiles, loads, tCrA, tCrB, sSFA, sSFB, tCtAcc_fake
 
     @cute.jit
-    def _producer(self, ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
-                  tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB):
+    def _producer(self, ab_pipeline, k_tiles, sched_params, load_a, load_b, load_sfa, load_sfb):
+        """TMA warp. A load is (atom, global partition, shared partition). A scheduler tile
+        is (token tile, head): the weight's operand and scale factors (B and SFB here, A and
+        SFA in the swapped-A/B kernel: self.weight_is_a) take the head, the activation's
+        the token tile."""
+        head_a = 1 if self.weight_is_a else 0  # the tile mode that indexes A (and SFA)
+        weight, act = ((load_b, load_sfb), (load_a, load_sfa))
+        if cutlass.const_expr(self.weight_is_a):
+            weight, act = act, weight
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
                                                            cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
@@ -426,38 +453,33 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
         early = 0
         if cutlass.const_expr(self.config.pdl):
             early = min(self.stages, k_tiles)
-            a_state = state.clone()
+            act_state = state.clone()
             if work.is_valid_tile:
-                tBgB_n = tBgB[(None, work.tile_idx[1], None, 0)]
-                tBgSFB_n = tBgSFB[(None, work.tile_idx[1], None, 0)]
+                w_loads = [(atom, g[(None, work.tile_idx[1], None, 0)], sm) for atom, g, sm in weight]
                 for kt in cutlass.range_constexpr(early):
                     ab_pipeline.producer_acquire(state)
                     bar = ab_pipeline.producer_get_barrier(state)
-                    cute.copy(tma_b, tBgB_n[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_sfb, tBgSFB_n[(None, kt)], tBsSFB[(None, state.index)], tma_bar_ptr=bar)
+                    for atom, g, sm in w_loads:
+                        cute.copy(atom, g[(None, kt)], sm[(None, state.index)], tma_bar_ptr=bar)
                     state.advance()
             cute.arch.griddepcontrol_wait()
             if work.is_valid_tile:
-                tAgA_m = tAgA[(None, work.tile_idx[0], None, 0)]
-                tAgSFA_m = tAgSFA[(None, work.tile_idx[0], None, 0)]
+                a_loads = [(atom, g[(None, work.tile_idx[0], None, 0)], sm) for atom, g, sm in act]
                 for kt in cutlass.range_constexpr(early):
-                    bar = ab_pipeline.producer_get_barrier(a_state)
-                    cute.copy(tma_a, tAgA_m[(None, kt)], tAsA[(None, a_state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_sfa, tAgSFA_m[(None, kt)], tAsSFA[(None, a_state.index)], tma_bar_ptr=bar)
-                    a_state.advance()
+                    bar = ab_pipeline.producer_get_barrier(act_state)
+                    for atom, g, sm in a_loads:
+                        cute.copy(atom, g[(None, kt)], sm[(None, act_state.index)], tma_bar_ptr=bar)
+                    act_state.advance()
         while work.is_valid_tile:
             tile = work.tile_idx
-            srcs = (
-                (tma_a, tAgA[(None, tile[0], None, 0)], tAsA),
-                (tma_b, tBgB[(None, tile[1], None, 0)], tBsB),
-                (tma_sfa, tAgSFA[(None, tile[0], None, 0)], tAsSFA),
-                (tma_sfb, tBgSFB[(None, tile[1], None, 0)], tBsSFB),
-            )
+            srcs = [(atom, g[(None, tile[mode], None, 0)], sm)
+                    for (atom, g, sm), mode in ((load_a, head_a), (load_b, 1 - head_a), (load_sfa, head_a),
+                                                (load_sfb, 1 - head_a))]
             for kt in range(early, k_tiles):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
-                for atom, g, s in srcs:
-                    cute.copy(atom, g[(None, kt)], s[(None, state.index)], tma_bar_ptr=bar)
+                for atom, g, sm in srcs:
+                    cute.copy(atom, g[(None, kt)], sm[(None, state.index)], tma_bar_ptr=bar)
                 state.advance()
             early = 0  # only the first tile had its first blocks issued above
             sched.advance_to_next_work()
@@ -487,7 +509,7 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
                                                            cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
         ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, ACC_STAGES)
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
         while work.is_valid_tile:
             tile_acc = acc[(None, None, None, acc_state.index)]
             acc_pipeline.producer_acquire(acc_state)

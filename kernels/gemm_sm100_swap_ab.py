@@ -21,10 +21,8 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import tcgen05
-from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue as epi
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
@@ -81,6 +79,7 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
         self.stages = config.stages or min(self.max_stages(config), 8)
         self.mma_tiler_mn = (epi.HEAD_DIM, config.tile_m)
         self.acc_stages = acc_stages(config.tile_m)
+        self.weight_is_a = True
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -102,31 +101,13 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
         # the weight and its scale factors on A, the tokens and theirs on B
         tiled_mma, (tma_a, mA), (tma_b, mB), (tma_sfa, mSFA), (tma_sfb, mSFB) = self._setup_operands(
             w, sfw_bytes, a, sfa_bytes)
-        stages = self.stages
-        fp8, sf_dtype = a.element_type, cutlass.Float8E8M0FNU
-
         # scheduler tiles: (token tiles, heads)
         tiles_mnl = (cute.ceil_div(m, self.mma_tiler[1]), n // self.mma_tiler[0], 1)
         sched_params = utils.PersistentTileSchedulerParams(tiles_mnl, (1, 1, 1), self.config.swizzle,
                                                            self.config.raster_along_m)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
-        acc_n = self.acc_stages
-        t = self.config.tile_m
-
-        @cute.struct
-        class SharedStorage:
-            ab_full: cute.struct.MemRange[cutlass.Int64, stages]
-            ab_empty: cute.struct.MemRange[cutlass.Int64, stages]
-            acc_full: cute.struct.MemRange[cutlass.Int64, acc_n]
-            acc_empty: cute.struct.MemRange[cutlass.Int64, acc_n]
-            tmem_holding: cutlass.Int32
-            sQ: cute.struct.Align[cute.struct.MemRange[Int32, t * WORDS_PER_ROW], 1024]
-            sA: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(self.a_smem_staged.outer)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(self.b_smem_staged.outer)], 1024]
-            sSFA: cute.struct.Align[cute.struct.MemRange[sf_dtype, cute.cosize(self.sfa_smem_staged)], 1024]
-            sSFB: cute.struct.Align[cute.struct.MemRange[sf_dtype, cute.cosize(self.sfb_smem_staged)], 1024]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self._shared_storage(w.element_type, a.element_type,
+                                                   self.config.tile_m * WORDS_PER_ROW)
         self.kernel(
             tiled_mma, self.cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
             self.a_smem_staged, self.b_smem_staged, self.sfa_smem_staged, self.sfb_smem_staged,
@@ -150,59 +131,13 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
             for atom in (tma_a, tma_b, tma_sfa, tma_sfb):
                 cute.nvgpu.cpasync.prefetch_descriptor(atom)
 
-        storage = utils.SmemAllocator().allocate(self.shared_storage)
-        ab_pipeline = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.ab_full.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            tx_count=self.tx_bytes,
-            cta_layout_vmnk=cluster_layout_vmnk,
-            defer_sync=True,
-        )
-        acc_pipeline = pipeline.PipelineUmmaAsync.create(
-            barrier_storage=storage.acc_full.data_ptr(),
-            num_stages=self.acc_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(EPI_WARPS)),
-            cta_layout_vmnk=cluster_layout_vmnk,
-            defer_sync=True,
-        )
-        tmem = utils.TmemAllocator(storage.tmem_holding.ptr, barrier_for_retrieve=self.tmem_alloc_barrier,
-                                   allocator_warp_id=EPI_WARPS[0])
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-
-        sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
-        sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
-        sSFA = storage.sSFA.get_tensor(sfa_smem_staged)
-        sSFB = storage.sSFB.get_tensor(sfb_smem_staged)
-        gA = cute.local_tile(mA, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
-        gB = cute.local_tile(mB, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
-        gSFA = cute.local_tile(mSFA, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
-        gSFB = cute.local_tile(mSFB, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
-        k_tiles = cute.size(gA, mode=[3])
-        thr_mma = tiled_mma.get_slice(0)
-        one_cta = cute.make_layout(1)
-
-        def partition(atom, s, g_mma):
-            return cute.nvgpu.cpasync.tma_partition(atom, 0, one_cta, cute.group_modes(s, 0, 3),
-                                                    cute.group_modes(g_mma, 0, 3))
-
-        tAsA, tAgA = partition(tma_a, sA, thr_mma.partition_A(gA))
-        tBsB, tBgB = partition(tma_b, sB, thr_mma.partition_B(gB))
-        tAsSFA, tAgSFA = partition(tma_sfa, sSFA, thr_mma.partition_A(gSFA))
-        tBsSFB, tBgSFB = partition(tma_sfb, sSFB, thr_mma.partition_B(gSFB))
-        tAsSFA, tAgSFA = cute.filter_zeros(tAsSFA), cute.filter_zeros(tAgSFA)
-        tBsSFB, tBgSFB = cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB)
-        tCrA = tiled_mma.make_fragment_A(sA)
-        tCrB = tiled_mma.make_fragment_B(sB)
-        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
-        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.acc_stages))
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
+        (storage, ab_pipeline, acc_pipeline, tmem, k_tiles, loads, tCrA, tCrB, sSFA, sSFB,
+         tCtAcc_fake) = self._device_setup(
+            tiled_mma, cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
+            a_smem_staged, b_smem_staged, sfa_smem_staged, sfb_smem_staged)
 
         if warp_idx == TMA_WARP:
-            self._producer(ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
-                           tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB)
+            self._producer(ab_pipeline, k_tiles, sched_params, *loads)
         if warp_idx == MMA_WARP:
             tmem.wait_for_alloc()
             acc_ptr = tmem.retrieve_ptr(Float32)
@@ -219,99 +154,6 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
             tmem.relinquish_alloc_permit()
             self.epilog_barrier.arrive_and_wait()
             tmem.free(acc_ptr)
-
-    @cute.jit
-    def _producer(self, ab_pipeline, k_tiles, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB,
-                  tma_sfa, tAgSFA, tAsSFA, tma_sfb, tBgSFB, tBsSFB):
-        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
-                                                           cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        # PDL, as the native kernel: the first tile's weight blocks and their scale factors
-        # (A, SFA: as many stages as the ring holds) are requested before waiting for the
-        # activation quantizer; those stages get the tokens' blocks (B, SFB) after the wait.
-        early = 0
-        if cutlass.const_expr(self.config.pdl):
-            early = min(self.stages, k_tiles)
-            b_state = state.clone()
-            if work.is_valid_tile:
-                tAgA_h = tAgA[(None, work.tile_idx[1], None, 0)]
-                tAgSFA_h = tAgSFA[(None, work.tile_idx[1], None, 0)]
-                for kt in cutlass.range_constexpr(early):
-                    ab_pipeline.producer_acquire(state)
-                    bar = ab_pipeline.producer_get_barrier(state)
-                    cute.copy(tma_a, tAgA_h[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_sfa, tAgSFA_h[(None, kt)], tAsSFA[(None, state.index)], tma_bar_ptr=bar)
-                    state.advance()
-            cute.arch.griddepcontrol_wait()
-            if work.is_valid_tile:
-                tBgB_t = tBgB[(None, work.tile_idx[0], None, 0)]
-                tBgSFB_t = tBgSFB[(None, work.tile_idx[0], None, 0)]
-                for kt in cutlass.range_constexpr(early):
-                    bar = ab_pipeline.producer_get_barrier(b_state)
-                    cute.copy(tma_b, tBgB_t[(None, kt)], tBsB[(None, b_state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_sfb, tBgSFB_t[(None, kt)], tBsSFB[(None, b_state.index)], tma_bar_ptr=bar)
-                    b_state.advance()
-        while work.is_valid_tile:
-            tokens, head = work.tile_idx[0], work.tile_idx[1]
-            srcs = (
-                (tma_a, tAgA[(None, head, None, 0)], tAsA),
-                (tma_b, tBgB[(None, tokens, None, 0)], tBsB),
-                (tma_sfa, tAgSFA[(None, head, None, 0)], tAsSFA),
-                (tma_sfb, tBgSFB[(None, tokens, None, 0)], tBsSFB),
-            )
-            for kt in range(early, k_tiles):
-                ab_pipeline.producer_acquire(state)
-                bar = ab_pipeline.producer_get_barrier(state)
-                for atom, g, s in srcs:
-                    cute.copy(atom, g[(None, kt)], s[(None, state.index)], tma_bar_ptr=bar)
-                state.advance()
-            early = 0  # only the first tile had its first blocks issued above
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
-        ab_pipeline.producer_tail(state)
-
-    @cute.jit
-    def _mma(self, tiled_mma, ab_pipeline, acc_pipeline, k_tiles, sched_params, acc_ptr, tCtAcc_fake,
-             tCrA, tCrB, sSFA, sSFB, sfa_smem_staged, sfb_smem_staged):
-        acc = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
-        sf_dtype = cutlass.Float8E8M0FNU
-        tmem_sfa_layout = blockscaled_utils.make_tmem_layout_sfa(
-            tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfa_smem_staged, (None, None, None, 0)))
-        tmem_sfb_layout = blockscaled_utils.make_tmem_layout_sfb(
-            tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfb_smem_staged, (None, None, None, 0)))
-        # The scale factors sit after the accumulator stages, SFB after SFA: both column
-        # offsets come from the TMEM layouts themselves (not from the K tile's arithmetic).
-        sfa_base = acc_ptr + tcgen05.find_tmem_tensor_col_offset(acc)
-        tCtSFA = cute.make_tensor(cute.recast_ptr(sfa_base, dtype=sf_dtype), tmem_sfa_layout)
-        sfb_base = sfa_base + tcgen05.find_tmem_tensor_col_offset(tCtSFA)
-        tCtSFB = cute.make_tensor(cute.recast_ptr(sfb_base, dtype=sf_dtype), tmem_sfb_layout)
-        copy_sfa, s2t_sfa_src, s2t_sfa_dst = self._s2t(sSFA, tCtSFA)
-        copy_sfb, s2t_sfb_src, s2t_sfb_dst = self._s2t(sSFB, tCtSFB)
-
-        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
-                                                           cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
-        ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
-        while work.is_valid_tile:
-            tile_acc = acc[(None, None, None, acc_state.index)]
-            acc_pipeline.producer_acquire(acc_state)
-            for kt in range(k_tiles):
-                ab_pipeline.consumer_wait(ab_state)
-                stage = (None, None, None, None, ab_state.index)
-                cute.copy(copy_sfa, s2t_sfa_src[stage], s2t_sfa_dst)
-                cute.copy(copy_sfb, s2t_sfb_src[stage], s2t_sfb_dst)
-                tiled_mma.set(tcgen05.Field.ACCUMULATE, kt != 0)
-                crd = (None, None, None, ab_state.index)
-                cute.gemm(tiled_mma, tile_acc, [tCrA[crd], tCtSFA], [tCrB[crd], tCtSFB], tile_acc)
-                ab_pipeline.consumer_release(ab_state)
-                ab_state.advance()
-            acc_pipeline.producer_commit(acc_state)
-            acc_state.advance()
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
-        acc_pipeline.producer_tail(acc_state)
 
     @cute.jit
     def _epilogue(self, acc_pipeline, sched_params, acc, sQ, tidx, positions, cos_sin, out_q, out_scale, m):
