@@ -5,7 +5,7 @@
 set -uo pipefail
 out=${1:-/tmp/indexer_q_prof}; m=${2:-16384}; n=${3:-8192}; k=${4:-1536}; spec=${5:-}
 mkdir -p "$out"
-ncu --kernel-name regex:Sm90Fused --launch-count 1 \
+ncu --kernel-name regex:Sm90.*Fused --launch-count 1 \
   --section SpeedOfLight --section WarpStateStats --section SourceCounters \
   --section LaunchStats --section Occupancy --section InstructionStats --section MemoryWorkloadAnalysis \
   -f -o "$out/prof" python3 -m tuning.smoke "$m" "$n" "$k" $spec > "$out/ncu.log" 2>&1
