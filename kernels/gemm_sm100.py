@@ -289,13 +289,18 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
     ):
         m, k = a.shape
         n = w.shape[0]
-        tiled_mma, (tma_a, mA), (tma_b, mB), (tma_sfa, mSFA), (tma_sfb, mSFB) = self._setup_operands(
-            a, sfa_bytes, w, sfw_bytes)
+        operands = self._setup_operands(a, sfa_bytes, w, sfw_bytes)
         tiles_mnl = (cute.ceil_div(m, self.mma_tiler[0]), n // self.mma_tiler[1], 1)
+        self.shared_storage = self._shared_storage(a.element_type, w.element_type)
+        self._launch(operands, tiles_mnl, positions, cos_sin, out_q, out_scale, m, max_active_clusters, stream)
+
+    def _launch(self, operands, tiles_mnl, positions, cos_sin, out_q, out_scale, m, max_active_clusters, stream):
+        """The persistent launch over scheduler tiles `tiles_mnl`, one CTA a cluster, with
+        the operands _setup_operands made (self.shared_storage set by the caller)."""
+        tiled_mma, (tma_a, mA), (tma_b, mB), (tma_sfa, mSFA), (tma_sfb, mSFB) = operands
         sched_params = utils.PersistentTileSchedulerParams(tiles_mnl, (1, 1, 1), self.config.swizzle,
                                                            self.config.raster_along_m)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
-        self.shared_storage = self._shared_storage(a.element_type, w.element_type)
         self.kernel(
             tiled_mma, self.cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
             self.a_smem_staged, self.b_smem_staged, self.sfa_smem_staged, self.sfb_smem_staged,

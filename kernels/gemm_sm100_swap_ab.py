@@ -99,21 +99,12 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
         m = a.shape[0]
         n = w.shape[0]
         # the weight and its scale factors on A, the tokens and theirs on B
-        tiled_mma, (tma_a, mA), (tma_b, mB), (tma_sfa, mSFA), (tma_sfb, mSFB) = self._setup_operands(
-            w, sfw_bytes, a, sfa_bytes)
+        operands = self._setup_operands(w, sfw_bytes, a, sfa_bytes)
         # scheduler tiles: (token tiles, heads)
         tiles_mnl = (cute.ceil_div(m, self.mma_tiler[1]), n // self.mma_tiler[0], 1)
-        sched_params = utils.PersistentTileSchedulerParams(tiles_mnl, (1, 1, 1), self.config.swizzle,
-                                                           self.config.raster_along_m)
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
         self.shared_storage = self._shared_storage(w.element_type, a.element_type,
                                                    self.config.tile_m * WORDS_PER_ROW)
-        self.kernel(
-            tiled_mma, self.cluster_layout_vmnk, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB,
-            self.a_smem_staged, self.b_smem_staged, self.sfa_smem_staged, self.sfb_smem_staged,
-            sched_params, positions, cos_sin, out_q, out_scale, m,
-        ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), stream=stream, min_blocks_per_mp=1,
-                 use_pdl=self.config.pdl)
+        self._launch(operands, tiles_mnl, positions, cos_sin, out_q, out_scale, m, max_active_clusters, stream)
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
