@@ -341,16 +341,22 @@ def test_fused_fp8_equals_the_hopper_chain(t, n, k, out_format, big_cos_sin):
                     assert _agreement(q, rq) >= _agreement(cq, rq) - 0.001, (tag, tactic)
 
 
+def _out_of_range_inputs(t, n, k, cos_sin):
+    """int32 positions, some below 0, past the table and at the int32 maximum."""
+    x = _inputs(t, n, k, 11, cos_sin, torch.int32)
+    x["positions"][::3] = -5
+    x["positions"][1::7] = P_LARGE + 3
+    x["positions"][2::11] = 2**31 - 1
+    return x
+
+
 def test_fused_int32_positions_and_out_of_range(big_cos_sin):
     """int32 positions; positions outside [0, P) leave the token unrotated (documented)."""
     _needs_sm90()
     from indexer_q import prepare_weights
 
     t, n, k = 300, 1024, 1536
-    x = _inputs(t, n, k, 11, big_cos_sin, torch.int32)
-    x["positions"][::3] = -5
-    x["positions"][1::7] = P_LARGE + 3
-    x["positions"][2::11] = 2**31 - 1
+    x = _out_of_range_inputs(t, n, k, big_cos_sin)
     weights = prepare_weights(x["weight"], x["weight_scale"])
     opts = dict(hadamard=True, fp4_rounding="rne", out_format="mxfp4")
     q, s = _run_twice(x, weights, **opts)

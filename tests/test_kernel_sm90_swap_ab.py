@@ -19,7 +19,7 @@ import torch
 
 from indexer_q import reference as ref
 from indexer_q.tactics import Tactic, swap_ab_tile
-from test_kernel_sm90 import (P_LARGE, _check_case, _inputs, _needs_sm90,  # noqa: F401 (big_cos_sin: a fixture)
+from test_kernel_sm90 import (_check_case, _inputs, _needs_sm90, _out_of_range_inputs,  # noqa: F401 (fixture)
                               _run_twice, big_cos_sin)
 
 pytestmark = pytest.mark.gpu
@@ -195,10 +195,7 @@ def test_swap_ab_positions_int32_and_out_of_range(big_cos_sin, precompiled):
     from tuning.bench import cublas_reference_chain
 
     m, n, k = 65, 8192, 1536
-    x = _inputs(m, n, k, 11, big_cos_sin, torch.int32)
-    x["positions"][::3] = -5
-    x["positions"][1::7] = P_LARGE + 3
-    x["positions"][2::11] = 2**31 - 1
+    x = _out_of_range_inputs(m, n, k, big_cos_sin)
     weights = prepare_weights(x["weight"], x["weight_scale"])
     opts = dict(hadamard=True, fp4_rounding="rne", out_format="mxfp4")
     cq, cs = cublas_reference_chain(x, **opts)
