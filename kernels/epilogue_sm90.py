@@ -9,7 +9,9 @@ MXFP4 / FP8 quantization with their stores. Everything here overlaps the next ti
 mainloop.
 
 A kernel class that mixes this in sets: tile_rows (token rows of a tile), row_layout,
-lanes_per_row, rows_per_pass, epilogue_regs, skip_rows_past_m, config and _m_tile().
+lanes_per_row, rows_per_pass, epilogue_regs, skip_rows_past_m, config and _m_tile(); it may
+set epi_rows and _epi_row0() (the rows this CTA finishes: a K split that reduce-scatters
+gives each rank a slice of the tile).
 """
 from __future__ import annotations
 
@@ -25,9 +27,18 @@ from .sm90_parts import (BAR_HADAMARD_READY, EPI_BUFFERS, ROWS_PER_CONSUMER, WAR
 
 
 class Sm90EpilogueRoles:
+    @property
+    def epi_rows(self):
+        """Token rows this CTA's epilogue finishes a tile: the whole tile by default."""
+        return self.tile_rows
+
+    def _epi_row0(self, tile):
+        """The first token row this CTA's epilogue finishes of a scheduler tile."""
+        return self._m_tile(tile) * self.epi_rows
+
     @cute.jit
     def _epilogue(self, epi_pipeline, sQ, etidx, sched_params, positions, cos_sin, out_q, out_scale, m):
-        bm = self.tile_rows
+        bm = self.epi_rows
         layout = self.row_layout
         num_pos = cos_sin.shape[0]
         lane = cute.arch.lane_idx()
@@ -54,7 +65,7 @@ class Sm90EpilogueRoles:
         while work.is_valid_tile:
             tile = work.tile_idx
             head = tile[1]
-            rows = [self._m_tile(tile) * bm + p * self.rows_per_pass + row_in_pass for p in range(passes)]
+            rows = [self._epi_row0(tile) + p * self.rows_per_pass + row_in_pass for p in range(passes)]
             # Everything below is one basic block (stores are predicated), and the cos/sin
             # rows are requested before the tile is ready, so their latency overlaps the wait.
             cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
@@ -62,7 +73,7 @@ class Sm90EpilogueRoles:
             epi_pipeline.consumer_wait(epi_state)
             # The profiling probe (epilogue=False) only takes the tile and gives the buffer back.
             if cutlass.const_expr(self.config.epilogue):
-                tile_row0 = self._m_tile(tile) * bm
+                tile_row0 = self._epi_row0(tile)
                 if cutlass.const_expr(not self.skip_rows_past_m):
                     self._epilogue_passes(sQ, epi_state.index, rows, cs, ahead, row_in_pass, lane_in_row,
                                           lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)

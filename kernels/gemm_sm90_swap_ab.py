@@ -22,7 +22,10 @@ The activation reaches shared memory in one of two ways:
 The finished tile [128 dims x tokens] is rounded to bf16 (SPEC step 2) and written to
 shared memory transposed to token rows, so that the epilogue warpgroup(s) of
 kernels/epilogue_sm90.py run on it unchanged (8 lanes a row, every output format).
-A K split sends ranks 1..'s fp32 partials to rank 0 through distributed shared memory.
+A K split sends ranks 1..'s fp32 partials to rank 0 through distributed shared memory,
+or, where the split divides the tile's groups of 8 tokens, reduce-scatters them: rank d
+sums and finishes tokens [d T / S, (d + 1) T / S), so every rank's epilogue takes T / S rows
+(sm90_parts.scatter_partial; the same summation order, so the same bytes).
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ from .act_quant import quantize_unit
 from .epilogue_sm90 import Sm90EpilogueRoles
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROUP, WORDS_PER_ROW, Sm90KernelBase,
-                         add_partials, issue_wgmmas, reduce_tensor, send_partial, shared_storage, swizzled_word)
+                         add_partials, gather_partials, issue_wgmmas, reduce_tensor, scatter_partial,
+                         scatter_tensor, send_partial, shared_storage, swizzled_word)
 
 TOKEN_TILES = (8, 16, 32, 64)
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
@@ -78,11 +82,22 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         return []
 
     @staticmethod
-    def _fixed_bytes(config: GemmConfig, k: int) -> int:
+    def reduce_scatters(config: GemmConfig) -> bool:
+        """A K split whose ranks each finish whole groups of 8 tokens reduce-scatters."""
+        return config.split_k > 1 and (config.tile_m // 8) % config.split_k == 0
+
+    @classmethod
+    def _reduce_words(cls, config: GemmConfig) -> int:
+        """The K split's slots: S slots of T / S token rows (reduce-scatter), or S - 1 of T."""
+        slots = config.split_k if cls.reduce_scatters(config) else config.split_k - 1
+        return slots * epi.HEAD_DIM * config.tile_m // (config.split_k if cls.reduce_scatters(config) else 1)
+
+    @classmethod
+    def _fixed_bytes(cls, config: GemmConfig, k: int) -> int:
         """Shared memory besides the weight ring: hand-off buffers, K-split slots and the
         resident quantized activation with its scales."""
         t = config.tile_m
-        out = EPI_BUFFERS * t * epi.HEAD_DIM * 2 + (config.split_k - 1) * epi.HEAD_DIM * t * 4 + 2048
+        out = EPI_BUFFERS * t * epi.HEAD_DIM * 2 + cls._reduce_words(config) * 4 + 2048
         if config.fused_act_quant:
             k_blocks = k // SCALE_BLOCK_K // config.split_k
             out += k_blocks * t * (SCALE_BLOCK_K + 4) + 1024
@@ -108,6 +123,7 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         self.skip_rows_past_m = True
         self.tc_hadamard = False
         self.fused = config.fused_act_quant
+        self.scatter = self.reduce_scatters(config)
         self._setup_roles(LANES_PER_ROW)
 
     def operand_args(self, m, n: int, k: int) -> list:
@@ -210,7 +226,7 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         if cutlass.const_expr(self.fused):
             extra = [("sActScale", Float32, self.k_blocks * t)]
         self.shared_storage = shared_storage(
-            stages=stages, split_k=self.split_k, reduce_words=max(1, (self.split_k - 1) * epi.HEAD_DIM * t),
+            stages=stages, split_k=self.split_k, reduce_words=max(1, self._reduce_words(self.config)),
             epi_words=EPI_BUFFERS * t * WORDS_PER_ROW, extra=extra,
             operands=[("sA", fp8, cute.cosize(self.w_smem_staged)), ("sB", fp8, cute.cosize(self.b_smem))])
         self.kernel(
@@ -276,13 +292,23 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         )
         reduce_full = storage.reduce_mbar.data_ptr()  # + slot, in rank 0
         reduce_free = reduce_full + (self.split_k - 1)  # in ranks 1.., arrived on by rank 0
-        if cutlass.const_expr(self.split_k > 1):
+        if cutlass.const_expr(self.scatter):
+            # one "slots full" barrier (every rank's bytes) and one "slots free" (every
+            # rank's consumer threads, once they have summed their slots)
+            reduce_free = reduce_full + 1
+            if tidx == 0:
+                cute.arch.mbarrier_init(reduce_full, 1)
+                cute.arch.mbarrier_init(reduce_free, self.split_k * WARPGROUP)
+        elif cutlass.const_expr(self.split_k > 1):
             if tidx == 0:
                 for slot in cutlass.range_constexpr(self.split_k - 1):
                     cute.arch.mbarrier_init(reduce_full + slot, 1)
                 cute.arch.mbarrier_init(reduce_free, WARPGROUP)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
-        sReduce = reduce_tensor(storage, self.split_k, t)
+        if cutlass.const_expr(self.scatter):
+            sReduce = scatter_tensor(storage, self.split_k, t // self.split_k)
+        else:
+            sReduce = reduce_tensor(storage, self.split_k, t)
         sQ = storage.sQ.get_tensor(cute.make_layout((EPI_BUFFERS, t, WORDS_PER_ROW),
                                                     stride=(t * WORDS_PER_ROW, WORDS_PER_ROW, 1)))
         sW = storage.sA.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
@@ -302,7 +328,7 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
                 sActScale = storage.sActScale.get_tensor(cute.make_layout((self.k_blocks, t), stride=(t, 1)))
                 self._help_quantize_first_tile(act, storage.sB.data_ptr(), sActScale, k_begin, sched_params,
                                                tidx - (self.epi_wg - 1) * WARPGROUP)
-            if cta_rank == 0 or cutlass.const_expr(self.split_k == 1):  # K-split rank 0 writes
+            if cta_rank == 0 or cutlass.const_expr(self.split_k == 1 or self.scatter):  # who finishes rows
                 self._epilogue(epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
                                positions, cos_sin, out_q, out_scale, act.shape[0])
         else:
@@ -314,6 +340,8 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
                     tidx - WARPGROUP, k_begin, sched_params, act, a_scale, w_scale, reduce)
             if cutlass.const_expr(self.split_k == 1):
                 self._consumer(*args, role="whole")
+            elif cutlass.const_expr(self.scatter):
+                self._consumer(*args, role="scatter")
             elif cta_rank == 0:
                 self._consumer(*args, role="reduce")
             else:
@@ -322,6 +350,16 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
     def _m_tile(self, tile):
         """The token tile of a scheduler tile: a K split's ranks share one."""
         return tile[0] // self.split_k
+
+    @property
+    def epi_rows(self):
+        return self.tile_rows // self.split_k if self.scatter else self.tile_rows
+
+    def _epi_row0(self, tile):
+        row0 = self._m_tile(tile) * self.tile_rows
+        if self.scatter:  # this rank's slice
+            row0 = row0 + cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) * self.epi_rows
+        return row0
 
     @cute.jit
     def _producer(self, ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params):
@@ -383,7 +421,8 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
     def _consumer(self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, sB_ptr, sActScale, ctidx, k_begin,
                   sched_params, act, a_scale, w_scale, reduce, role: cutlass.Constexpr):
         """role: "whole" (all K blocks), or in a K split "reduce" (rank 0: adds the other
-        ranks' partial tiles, then hands the tile to the epilogue) or "send" (ranks 1..)."""
+        ranks' partial tiles, then hands the tile to the epilogue), "send" (ranks 1..) or
+        "scatter" (every rank: reduce-scatter, then hands its T / S rows to its epilogue)."""
         t = self.tile_rows
         thr_mma = tiled_mma.get_slice(ctidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sW))
@@ -391,6 +430,11 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         acc_shape = thr_mma.partition_shape_C((epi.HEAD_DIM, t))
         acc = cute.make_rmem_tensor(acc_shape, Float32)
         partial = cute.make_rmem_tensor(acc_shape, Float32)
+        groups = t // 8  # token groups of 8 the hand-off takes
+        mine = acc
+        if cutlass.const_expr(role == "scatter"):
+            groups = t // 8 // self.split_k
+            mine = cute.make_rmem_tensor(cute.make_layout(t // self.split_k), Float32)
         mma_per_stage = cute.size(tCrA, mode=[2])
         m = act.shape[0]
         if cutlass.const_expr(self.config.pdl):
@@ -457,27 +501,31 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
                 send_partial(acc, reduce, ctidx, tiles_done)
             if cutlass.const_expr(role == "reduce"):
                 add_partials(acc, reduce, ctidx, tiles_done, epi.HEAD_DIM * t * 4)
+            if cutlass.const_expr(role == "scatter"):
+                scatter_partial(acc, reduce, ctidx, tiles_done, groups, t // 2)
+                gather_partials(mine, reduce, ctidx, tiles_done, epi.HEAD_DIM * (t // self.split_k) * 4)
             tiles_done += 1
             if cutlass.const_expr(role != "send"):
-                self._hand_to_epilogue(acc, epi_pipeline, epi_state, sQ16, dim0, quad_lane)
+                self._hand_to_epilogue(mine, epi_pipeline, epi_state, sQ16, dim0, quad_lane, groups)
                 epi_state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
-        if cutlass.const_expr(role == "send"):
-            # Rank 0 arrives on this CTA's "slot free" barrier after its last read: wait
-            # for that before exiting, so no remote arrive targets an exited CTA.
+        if cutlass.const_expr(role == "send" or role == "scatter"):
+            # Rank 0 (every rank, reduce-scatter) arrives on this CTA's "slot free" barrier
+            # after its last read: wait for that before exiting, so no remote arrive
+            # targets an exited CTA.
             cute.arch.mbarrier_wait(reduce[1], (tiles_done & 1) ^ 1)
 
-    def _hand_to_epilogue(self, acc, epi_pipeline, epi_state, sQ16, dim0, quad_lane):
-        """The finished tile to the epilogue as bf16 (SPEC step 2's rounding), transposed:
-        the hand-off buffer holds token rows, as the native kernel's does."""
-        t = self.tile_rows
+    def _hand_to_epilogue(self, acc, epi_pipeline, epi_state, sQ16, dim0, quad_lane, groups):
+        """The finished tile (`groups` groups of 8 tokens: the whole tile, or this rank's
+        slice of it) to the epilogue as bf16 (SPEC step 2's rounding), transposed: the
+        hand-off buffer holds token rows, as the native kernel's does."""
         epi_pipeline.producer_acquire(epi_state)
         for mi in range(2):
             for h in range(2):
                 d = 64 * mi + 8 * h + dim0
-                for j in range(t // 8):
-                    i = 4 * j + 2 * h + (t // 2) * mi
+                for j in range(groups):
+                    i = 4 * j + 2 * h + 4 * groups * mi
                     word = epi.bf16x2_word(acc[i], acc[i + 1])  # tokens 8j + 2q (low) and + 1
                     for v in range(2):
                         tok = 8 * j + 2 * quad_lane + v

@@ -119,6 +119,57 @@ def add_partials(acc, reduce, ctidx, tiles_done, tile_bytes: cutlass.Constexpr):
         cute.arch.mbarrier_arrive(free, peer_cta_rank_in_cluster=slot + 1, scope=nvvm.MemScopeKind.CLUSTER)
 
 
+
+# Reduce-scatter over a K split (swapped A/B): rank d finishes token groups [d J, (d + 1) J)
+# of the tile (J groups of 8 tokens), so every rank runs the epilogue on T / S rows instead
+# of rank 0 on all T. Each rank stores its fp32 partial of rank d's groups into rank d's slot
+# [this rank] (st.async; its own slot too), then sums its S slots in rank order: the order
+# add_partials sums in, so the bytes are those of the gather-to-rank-0 reduction.
+def scatter_tensor(storage, split_k: int, values_per_slot: int):
+    """A rank's slots, one per source rank: [source, chunk, consumer thread, 4]."""
+    slot = WARPGROUP * values_per_slot
+    return storage.sReduce.get_tensor(cute.make_layout(
+        (split_k, values_per_slot // 4, WARPGROUP, 4), stride=(slot, WARPGROUP * 4, 4, 1)))
+
+
+@cute.jit
+def scatter_partial(acc, scatter, ctidx, tiles_done, groups: cutlass.Constexpr, half: cutlass.Constexpr):
+    """Send side: once every rank has released its slots of the previous tile, this
+    thread's accumulator chunks of rank d's token groups go to rank d's slot [this rank].
+    Accumulator value i = v + 2h + 4j + half * mi (token group j, m64 block mi)."""
+    full, free, sSlots = scatter
+    split = cute.size(sSlots, mode=[0])
+    rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+    cute.arch.mbarrier_wait(free, (tiles_done & 1) ^ 1)
+    for d in cutlass.range_constexpr(split):
+        for mi in cutlass.range_constexpr(2):
+            for jl in cutlass.range_constexpr(groups):
+                i0 = 4 * (d * groups + jl) + half * mi
+                words = tuple(acc[i0 + k].bitcast(Int32) for k in range(4))
+                dst = sSlots[(rank, jl + groups * mi, ctidx, None)].iterator
+                cute.arch.store_async_dsmem(dst, words, full, d)
+
+
+@cute.jit
+def gather_partials(mine, scatter, ctidx, tiles_done, slot_bytes: cutlass.Constexpr):
+    """Receive side: `mine` [chunk * 4 + k] = the sum over source ranks, in rank order, of
+    this rank's token groups; then release this rank's slots to every source."""
+    full, free, sSlots = scatter
+    split = cute.size(sSlots, mode=[0])
+    if ctidx == 0:
+        cute.arch.mbarrier_arrive_and_expect_tx(full, slot_bytes * split)
+    cute.arch.mbarrier_wait(full, tiles_done & 1)
+    for c in cutlass.range_constexpr(cute.size(sSlots, mode=[1])):
+        for k in cutlass.range_constexpr(4):
+            v = sSlots[0, c, ctidx, k].bitcast(Float32)
+            for src in cutlass.range_constexpr(1, split):
+                v = v + sSlots[src, c, ctidx, k].bitcast(Float32)
+            mine[4 * c + k] = v
+    for d in cutlass.range_constexpr(split):
+        # cluster scope: the reads above must be done before rank d writes the next tile
+        cute.arch.mbarrier_arrive(free, peer_cta_rank_in_cluster=d, scope=nvvm.MemScopeKind.CLUSTER)
+
+
 class Sm90KernelBase(FusedIndexerQGemmBase):
     """Warp roles and the setmaxnreg split of an sm_90a kernel. Subclasses set
     num_consumers, epi_wgs, tc_hadamard and the epilogue's row layout before calling

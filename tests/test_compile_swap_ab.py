@@ -32,6 +32,7 @@ SM90_CASES = [
     dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2),
     dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, out_format="fp8"),
     dict(tile_m=64, fused_act_quant=False, split_k=4, out_format="fp8-unscaled"),
+    dict(tile_m=16, fused_act_quant=True, split_k=2, epilogue_warpgroups=2),
 ]
 
 
@@ -39,11 +40,19 @@ SM90_CASES = [
 def test_sm90_swap_ab_compiles(case, tmp_path):
     """Tokens on the WGMMA's N (m64n{T}k32, 8 a K block: the head's two m64 halves x 4),
     the fused quantizer's loads, the K split's DSMEM stores, no spills."""
+    from indexer_q.kernels.gemm_sm90_swap_ab import Sm90SwapABFusedIndexerQ
+
     cfg = GemmConfig(kind="swap_ab", hadamard=True, **case)
     ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
     ptx = _ptx(ck)
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_m}k32.f32.e4m3.e4m3"
-    roles = 2 if cfg.split_k > 1 else 1  # a K split's rank 0 ("reduce") and the others ("send")
+    scatter = Sm90SwapABFusedIndexerQ.reduce_scatters(cfg)
+    assert scatter == (cfg.split_k > 1 and (cfg.tile_m // 8) % cfg.split_k == 0)
+    # a gathering K split has two consumer roles (rank 0 "reduce", the others "send"); a
+    # reduce-scatter one role on every rank, each thread storing its T / 4 chunks of 16 bytes
+    roles = 2 if cfg.split_k > 1 and not scatter else 1
+    if scatter:
+        assert " ".join(ptx.split()).count("st.async.shared::cluster") == cfg.tile_m // 4
     assert ptx.count(wgmma) == 8 * roles, ptx.count(wgmma)
     assert "m64n128k32" not in ptx  # not the native kernel's shape
     flat = " ".join(ptx.split())
@@ -90,7 +99,10 @@ def test_swap_ab_limits():
     assert not S90.can_implement(GemmConfig(tile_m=16, split_k=8, **sw), 8192, 1536)  # 12 K blocks
     assert S90.can_implement(GemmConfig(tile_m=16, split_k=8, **sw), 8192, 1024)
     assert not S90.can_implement(GemmConfig(tile_m=16, cluster_m=2, **sw), 8192, 1536)
-    assert not S90.can_implement(GemmConfig(tile_m=64, split_k=8, fused_act_quant=True, **sw), 1024, 1024)
+    # shared memory: a gathering split of 6 keeps 5 slots of the 64-token tile (160 KB); a
+    # reduce-scattering one (8 ranks, one group of 8 tokens each) keeps 8 slots of 8 tokens
+    assert not S90.can_implement(GemmConfig(tile_m=64, split_k=6, fused_act_quant=True, **sw), 1024, 1536)
+    assert S90.can_implement(GemmConfig(tile_m=64, split_k=8, fused_act_quant=True, **sw), 1024, 1024)
     assert not S90.can_implement(GemmConfig(tile_m=16), 8192, 1536)  # kind native
     s100 = dict(arch="sm_100a", kind="swap_ab")
     assert S100.can_implement(GemmConfig(tile_m=128, **s100), 8192, 1536)

@@ -150,6 +150,48 @@ def test_swap_ab_fused_quantizer_with_helpers_equals_the_separate_one(m, n, k, t
     assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} {tactic}"
 
 
+# Reduce-scatter (a split dividing the tile's groups of 8 tokens) against the gathering
+# reduction at the same split: the same summation order over the ranks, each token's column
+# its own, so the same bytes, the tile sizes differing. (M, N, K, gathering tile, scattering
+# tile, split): a tile of T tokens scatters where the split divides T / 8.
+SCATTER_CASES = [(5, 8192, 1536, 8, 16, 2), (8, 1024, 1536, 8, 32, 4), (16, 1024, 1536, 16, 64, 4),
+                 (13, 8192, 1536, 16, 32, 4), (1, 1024, 1024, 8, 64, 8), (29, 1024, 1024, 32, 64, 8)]
+
+
+@pytest.fixture(scope="module")
+def scatter_precompiled():
+    _needs_sm90()
+    from indexer_q import jit
+
+    jobs = [(Tactic(kind="swap_ab", tile_m=t, split_k=s, epilogue_warpgroups=2, fused_act_quant=True)
+             .to_config("sm_90a", positions_dtype="int64", **HELPER_OPTS), n, k)
+            for _, n, k, tg, ts, s in SCATTER_CASES for t in (tg, ts)]
+    errors = jit.precompile(jobs)
+    assert not errors, errors[:3]
+
+
+@pytest.mark.parametrize("m,n,k,gather_tile,scatter_tile,split", SCATTER_CASES)
+def test_swap_ab_reduce_scatter_equals_the_gather(m, n, k, gather_tile, scatter_tile, split, big_cos_sin,
+                                                   scatter_precompiled):
+    from indexer_q import prepare_weights
+    from indexer_q.kernels.gemm_sm90_swap_ab import Sm90SwapABFusedIndexerQ as S90
+
+    def tactic(t):
+        return Tactic(kind="swap_ab", tile_m=t, split_k=split, epilogue_warpgroups=2, fused_act_quant=True)
+
+    def cfg(t):
+        return tactic(t).to_config("sm_90a", positions_dtype="int64", **HELPER_OPTS)
+
+    assert not S90.reduce_scatters(cfg(gather_tile)) and S90.reduce_scatters(cfg(scatter_tile))
+    seed = _seed()
+    x = _inputs(m, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    q, s = _run_twice(x, weights, tactic=tactic(scatter_tile), **HELPER_OPTS)
+    rq, rs = _run_twice(x, weights, tactic=tactic(gather_tile), **HELPER_OPTS)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), f"M={m} N={n} K={k} seed={seed} split={split}"
+    assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} split={split}"
+
+
 def _same_bytes(a, b):
     return (a.view(torch.uint8) == b.view(torch.uint8)).double().mean().item()
 
