@@ -574,8 +574,9 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         regs = self.consumer_regs - 2 * t
         if cutlass.const_expr(helpers > 1):
             regs = min(regs, self.epilogue_regs)
-        budget = max(1, (regs - QUANT_RESERVED_REGS) // 4)
-        batch = max(d for d in range(1, min(rounds, budget) + 1) if rounds % d == 0)
+        # (any batch: the loop's last one may run past the live units, which are clamped and
+        # not stored; a divisor of the rounds could be 1 where they are prime)
+        batch = min(rounds, max(1, (regs - QUANT_RESERVED_REGS) // 4))
         for first in cutlass.range(0, live_rounds, batch, unroll=1):  # a loop: unrolled it spilled at T = 64
             loaded = []
             for it in cutlass.range_constexpr(batch):
