@@ -154,8 +154,12 @@ def test_swap_ab_fused_quantizer_with_helpers_equals_the_separate_one(m, n, k, t
 # reduction at the same split: the same summation order over the ranks, each token's column
 # its own, so the same bytes, the tile sizes differing. (M, N, K, gathering tile, scattering
 # tile, split): a tile of T tokens scatters where the split divides T / 8.
+# The last two span several token tiles (row origins past the first tile, every rank's rows
+# visible) and give clusters a second tile (slot reuse, the barriers' second phases): 7 token
+# tiles x 64 heads on 66 clusters, 7 x 8 heads on 33.
 SCATTER_CASES = [(5, 8192, 1536, 8, 16, 2), (8, 1024, 1536, 8, 32, 4), (16, 1024, 1536, 16, 64, 4),
-                 (13, 8192, 1536, 16, 32, 4), (1, 1024, 1024, 8, 64, 8), (29, 1024, 1024, 32, 64, 8)]
+                 (13, 8192, 1536, 16, 32, 4), (1, 1024, 1024, 8, 64, 8), (29, 1024, 1024, 32, 64, 8),
+                 (100, 8192, 1536, 8, 16, 2), (200, 1024, 1536, 16, 32, 4)]
 
 
 @pytest.fixture(scope="module")
