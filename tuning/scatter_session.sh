@@ -22,3 +22,6 @@ done
 echo "decode parts: $(wc -l < "$out/decode_parts.jsonl") rows"
 timeout 240 python3 -m tuning.bench --shapes v4-pro tp8-pro --m 16 32 64 --all-tactics --no-plots --out "$out/allt" \
   > "$out/bench.log" 2>&1; echo "bench rc=$?"
+# where the swap-AB stream time goes at T = 64 (NOTES "Next" 3a): Nsight Compute on the probe
+timeout 200 bash tuning/profile.sh "$out/prof64" 64 8192 1536 \
+  kind=swap_ab,tile_m=64,split_k=2,epilogue_warpgroups=2,fused_act_quant=True,epilogue=False; echo "profile rc=$?"
