@@ -34,7 +34,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue as epi
@@ -46,8 +46,14 @@ from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROU
                          scatter_tensor, send_partial, shared_storage, swizzled_word)
 
 TOKEN_TILES = (8, 16, 32, 64)
+PIPELINED_MAX_TILE = 32  # at 64 tokens two partials and the accumulator take 192 registers
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
 BAR_ACT_READY = 2  # named barrier of the consumer warpgroup: the quantized tile is in shared memory
+# trace (probe only): int64 slots a CTA in the q output. Consumer: 0 globaltimer at its
+# start, 1 clock64 at its start, 2 after the PDL wait, 3 first tile quantized, 4..9 first
+# tile's K blocks 0..5 in shared memory, 10 K loop done, 11 K split reduced, 12 tile
+# handed to the epilogue, 13 globaltimer then; producer: 14 its start, 15 every load issued
+TRACE_SLOTS = 16
 BAR_FIRST_ACT_READY = 3  # the same for the first tile, quantized by the consumer and the epilogue warpgroups
 QUANT_LANES = 16  # lanes a (token, 128-K block) unit, 8 values a lane (as kernels/act_quant.py)
 QUANT_RESERVED_REGS = 64  # a consumer thread's registers kept for addressing while it quantizes
@@ -66,8 +72,11 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             out.append(f"tile_m={config.tile_m} (sm_90a swap_ab: tokens on the MMA's N, {TOKEN_TILES})")
         if config.cluster_m != 1 or config.cluster_n != 1:
             out.append("swap_ab has no multicast cluster (its cluster is the K split)")
-        if config.mma_per_promotion != 4 or config.pipelined_promotion:
-            out.append("swap_ab promotes once per 128-K block (mma_per_promotion=4, no pipelined_promotion)")
+        if config.mma_per_promotion != 4:
+            out.append("swap_ab promotes once per 128-K block (mma_per_promotion=4)")
+        if config.pipelined_promotion and config.tile_m > PIPELINED_MAX_TILE:
+            out.append(f"swap_ab pipelined_promotion needs tile_m <= {PIPELINED_MAX_TILE} (a second partial "
+                       "accumulator of tile_m values a thread)")
         return out
 
     @classmethod
@@ -317,11 +326,19 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         reduce = (reduce_full, reduce_free, sReduce)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
+        trace = None
+        if cutlass.const_expr(self.config.trace):
+            bx, by, bz = cute.arch.block_idx()
+            gx, gy, _ = cute.arch.grid_dim()
+            cta = bx + gx * (by + gy * bz)
+            trace = cute.make_tensor(cute.recast_ptr(out_q.iterator + cta * (2 * TRACE_SLOTS), dtype=Int64),
+                                     cute.make_layout(TRACE_SLOTS))
         warpgroup = cute.arch.make_warp_uniform(tidx // WARPGROUP)
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self._producer(ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params)
+                self._producer(ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params, trace,
+                               cute.arch.lane_idx())
         elif warpgroup >= self.epi_wg:
             self._set_epilogue_registers()
             if cutlass.const_expr(self.fused):
@@ -337,7 +354,7 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             if cutlass.const_expr(self.fused):
                 sActScale = storage.sActScale.get_tensor(cute.make_layout((self.k_blocks, t), stride=(t, 1)))
             args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, storage.sB.data_ptr(), sActScale,
-                    tidx - WARPGROUP, k_begin, sched_params, act, a_scale, w_scale, reduce)
+                    tidx - WARPGROUP, k_begin, sched_params, act, a_scale, w_scale, reduce, trace)
             if cutlass.const_expr(self.split_k == 1):
                 self._consumer(*args, role="whole")
             elif cutlass.const_expr(self.scatter):
@@ -362,8 +379,9 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         return row0
 
     @cute.jit
-    def _producer(self, ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params):
+    def _producer(self, ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params, trace, lane):
         t, bk = self.tile_rows, SCALE_BLOCK_K
+        self._stamp(trace, 14, lane)
         one_cta = cute.make_layout(1)
         # (TMA view, heads, K blocks) and (TMA view, token tiles, K blocks)
         tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
@@ -415,11 +433,12 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             first = 0  # only the first tile had its first blocks issued above
             sched.advance_to_next_work()
             work = sched.get_current_work()
+        self._stamp(trace, 15, lane)
         ab_pipeline.producer_tail(state)
 
     @cute.jit
     def _consumer(self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, sB_ptr, sActScale, ctidx, k_begin,
-                  sched_params, act, a_scale, w_scale, reduce, role: cutlass.Constexpr):
+                  sched_params, act, a_scale, w_scale, reduce, trace, role: cutlass.Constexpr):
         """role: "whole" (all K blocks), or in a K split "reduce" (rank 0: adds the other
         ranks' partial tiles, then hands the tile to the epilogue), "send" (ranks 1..) or
         "scatter" (every rank: reduce-scatter, then hands its T / S rows to its epilogue)."""
@@ -430,6 +449,7 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         acc_shape = thr_mma.partition_shape_C((epi.HEAD_DIM, t))
         acc = cute.make_rmem_tensor(acc_shape, Float32)
         partial = cute.make_rmem_tensor(acc_shape, Float32)
+        partial2 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.pipelined_promotion else None
         groups = t // 8  # token groups of 8 the hand-off takes
         mine = acc
         if cutlass.const_expr(role == "scatter"):
@@ -437,8 +457,11 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             mine = cute.make_rmem_tensor(cute.make_layout(t // self.split_k), Float32)
         mma_per_stage = cute.size(tCrA, mode=[2])
         m = act.shape[0]
+        self._stamp(trace, 0, ctidx, global_timer=True)
+        self._stamp(trace, 1, ctidx)
         if cutlass.const_expr(self.config.pdl):
             cute.arch.griddepcontrol_wait()  # the activation (or its scales) come from the previous grid
+        self._stamp(trace, 2, ctidx)
         lane = cute.arch.lane_idx()
         quad_lane = lane % 4
         # Accumulator value i = v + 2h + 4j + (T/2) mi: dim 64 mi + 16 warp + lane / 4 + 8h,
@@ -460,6 +483,10 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             head = tile[1]
             m_tile = self._m_tile(tile)
             row0 = m_tile * t
+            pipelined = self.config.pipelined_promotion
+            # pipelined: the weight's block scales of the whole tile, loaded before the
+            # quantizer so that their latency hides under it
+            w_scales = [w_scale[head, k_begin + kb] for kb in range(self.k_blocks)] if pipelined else []
             if cutlass.const_expr(self.fused):
                 if m_tile != quantized:
                     if tiles_done == 0:
@@ -467,36 +494,47 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
                     else:
                         self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1)
                     quantized = m_tile
+            if tiles_done == 0:
+                self._stamp(trace, 3, ctidx)
             acc.fill(0.0)
-            # The block's scale per token column of this thread; from global memory (the
-            # separate quantizer's) loaded one block ahead up to 32-token tiles, so their
-            # latency hides under the previous block's WGMMAs (at 64 tokens the 16 extra
-            # registers made the K split's consumer spill: loaded in the block there).
-            ahead_loads = not self.fused and t <= 32
-            nxt_sa = [Float32(1.0) for _ in tokens]
-            nxt_sw = w_scale[head, k_begin]
-            if cutlass.const_expr(ahead_loads):
-                nxt_sa = [a_scale[cutlass.min(row0 + tok, m - 1), k_begin] for tok in tokens]
-            for kb in range(self.k_blocks):
-                kt = k_begin + kb
-                if cutlass.const_expr(self.fused):
-                    scales = [nxt_sw * sActScale[kb, tok] for tok in tokens]
-                elif cutlass.const_expr(ahead_loads):
-                    scales = [nxt_sw * sa for sa in nxt_sa]
-                    ahead = k_begin + cutlass.min(kb + 1, self.k_blocks - 1)
-                    nxt_sa = [a_scale[cutlass.min(row0 + tok, m - 1), ahead] for tok in tokens]
-                else:
-                    scales = [nxt_sw * a_scale[cutlass.min(row0 + tok, m - 1), kt] for tok in tokens]
-                nxt_sw = w_scale[head, k_begin + cutlass.min(kb + 1, self.k_blocks - 1)]
-                ab_pipeline.consumer_wait(read_state)
-                tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(mma_per_stage), read_state.index,
-                                         stage_b=kb if self.fused else None)
-                cute.nvgpu.warpgroup.wait_group(0)
-                ab_pipeline.consumer_release(read_state)
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    col = (i % (t // 2)) // 4 * 2 + i % 2  # (j, v) of value i
-                    acc[i] = acc[i] + partial[i] * scales[col]
-                read_state.advance()
+            if cutlass.const_expr(pipelined):
+                read_state, tiled_mma = self._k_loop_pipelined(
+                    ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, (partial, partial2), w_scales, sActScale,
+                    a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done)
+            else:
+                # The block's scale per token column of this thread; from global memory (the
+                # separate quantizer's) loaded one block ahead up to 32-token tiles, so their
+                # latency hides under the previous block's WGMMAs (at 64 tokens the 16 extra
+                # registers made the K split's consumer spill: loaded in the block there).
+                ahead_loads = not self.fused and t <= 32
+                nxt_sa = [Float32(1.0) for _ in tokens]
+                nxt_sw = w_scale[head, k_begin]
+                if cutlass.const_expr(ahead_loads):
+                    nxt_sa = [a_scale[cutlass.min(row0 + tok, m - 1), k_begin] for tok in tokens]
+                for kb in range(self.k_blocks):
+                    kt = k_begin + kb
+                    if cutlass.const_expr(self.fused):
+                        scales = [nxt_sw * sActScale[kb, tok] for tok in tokens]
+                    elif cutlass.const_expr(ahead_loads):
+                        scales = [nxt_sw * sa for sa in nxt_sa]
+                        ahead = k_begin + cutlass.min(kb + 1, self.k_blocks - 1)
+                        nxt_sa = [a_scale[cutlass.min(row0 + tok, m - 1), ahead] for tok in tokens]
+                    else:
+                        scales = [nxt_sw * a_scale[cutlass.min(row0 + tok, m - 1), kt] for tok in tokens]
+                    nxt_sw = w_scale[head, k_begin + cutlass.min(kb + 1, self.k_blocks - 1)]
+                    ab_pipeline.consumer_wait(read_state)
+                    if tiles_done == 0 and kb < 6:
+                        self._stamp(trace, 4 + kb, ctidx)
+                    tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(mma_per_stage), read_state.index,
+                                             stage_b=kb if self.fused else None)
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    ab_pipeline.consumer_release(read_state)
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        col = (i % (t // 2)) // 4 * 2 + i % 2  # (j, v) of value i
+                        acc[i] = acc[i] + partial[i] * scales[col]
+                    read_state.advance()
+            if tiles_done == 0:
+                self._stamp(trace, 10, ctidx)
             if cutlass.const_expr(role == "send"):
                 send_partial(acc, reduce, ctidx, tiles_done)
             if cutlass.const_expr(role == "reduce"):
@@ -504,10 +542,15 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             if cutlass.const_expr(role == "scatter"):
                 scatter_partial(acc, reduce, ctidx, tiles_done, groups, t // 2)
                 gather_partials(mine, reduce, ctidx, tiles_done, epi.HEAD_DIM * (t // self.split_k) * 4)
+            if tiles_done == 0:
+                self._stamp(trace, 11, ctidx)
             tiles_done += 1
             if cutlass.const_expr(role != "send"):
                 self._hand_to_epilogue(mine, epi_pipeline, epi_state, sQ16, dim0, quad_lane, groups)
                 epi_state.advance()
+            if tiles_done == 1:
+                self._stamp(trace, 12, ctidx)
+                self._stamp(trace, 13, ctidx, global_timer=True)
             sched.advance_to_next_work()
             work = sched.get_current_work()
         if cutlass.const_expr(role == "send" or role == "scatter"):
@@ -515,6 +558,65 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             # after its last read: wait for that before exiting, so no remote arrive
             # targets an exited CTA.
             cute.arch.mbarrier_wait(reduce[1], (tiles_done & 1) ^ 1)
+
+    @cute.jit
+    def _k_loop_pipelined(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partials, w_scales,
+                          sActScale, a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done):
+        """The tile's K blocks with block kb's promotion under block kb+1's WGMMAs: the
+        blocks alternate between the two partials, a block's scales are read when its
+        WGMMAs are issued and used once they complete. Unrolled (K is a compile-time
+        constant): no WGMMA is in flight across a loop back-edge."""
+        mma_per_stage = cute.size(tCrA, mode=[2])
+        issue_state = read_state.clone()
+        ab_pipeline.consumer_wait(issue_state)
+        if tiles_done == 0:
+            self._stamp(trace, 4, ctidx)
+        tiled_mma = issue_wgmmas(tiled_mma, partials[0], tCrA, tCrB, range(mma_per_stage), issue_state.index,
+                                 stage_b=0 if self.fused else None)
+        issue_state.advance()
+        scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
+        for kb in cutlass.range_constexpr(self.k_blocks):
+            upcoming = scales
+            if cutlass.const_expr(kb + 1 < self.k_blocks):
+                ab_pipeline.consumer_wait(issue_state)
+                if cutlass.const_expr(kb + 1 < 6):
+                    if tiles_done == 0:
+                        self._stamp(trace, 5 + kb, ctidx)
+                tiled_mma = issue_wgmmas(tiled_mma, partials[(kb + 1) % 2], tCrA, tCrB, range(mma_per_stage),
+                                         issue_state.index, stage_b=kb + 1 if self.fused else None)
+                issue_state.advance()
+                upcoming = self._block_scales(kb + 1, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
+                cute.nvgpu.warpgroup.wait_group(1)
+            else:
+                cute.nvgpu.warpgroup.wait_group(0)
+            ab_pipeline.consumer_release(read_state)
+            read_state.advance()
+            self._promote(acc, partials[kb % 2], scales)
+            scales = upcoming
+        return read_state, tiled_mma
+
+    def _block_scales(self, kb, w_scales, sActScale, a_scale, row0, m, tokens, k_begin):
+        """Block kb's scale per token column of this thread (weight x activation)."""
+        if cutlass.const_expr(self.fused):
+            return [w_scales[kb] * sActScale[kb, tok] for tok in tokens]
+        return [w_scales[kb] * a_scale[cutlass.min(row0 + tok, m - 1), k_begin + kb] for tok in tokens]
+
+    def _promote(self, acc, partial, scales):
+        t = self.tile_rows
+        for i in range(cute.size(acc)):  # straight-line code (a plain method: not rewritten)
+            col = (i % (t // 2)) // 4 * 2 + i % 2  # (j, v) of value i
+            acc[i] = acc[i] + partial[i] * scales[col]
+
+    @cute.jit
+    def _stamp(self, trace, slot, thread, global_timer: cutlass.Constexpr = False):
+        """Trace probes only: thread 0 of a role writes the SM clock (or the global ns
+        timer) into its CTA's slot. No code when the kernel is not traced."""
+        if cutlass.const_expr(trace is not None):
+            if thread == 0:
+                if cutlass.const_expr(global_timer):
+                    trace[slot] = cute.arch.globaltimer()
+                else:
+                    trace[slot] = cute.arch.clock64()
 
     def _hand_to_epilogue(self, acc, epi_pipeline, epi_state, sQ16, dim0, quad_lane, groups):
         """The finished tile (`groups` groups of 8 tokens: the whole tile, or this rank's
@@ -572,6 +674,8 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         # Units loaded at once: each load is a DRAM round trip, so as many as the registers
         # beside the accumulators hold (4 a unit; one batch up to T = 32 at split 2).
         regs = self.consumer_regs - 2 * t
+        if cutlass.const_expr(self.config.pipelined_promotion):  # the second partial, the weight's scales
+            regs = regs - t - self.k_blocks
         if cutlass.const_expr(helpers > 1):
             regs = min(regs, self.epilogue_regs)
         # (any batch: the loop's last one may run past the live units, which are clamped and

@@ -2,6 +2,7 @@
 no spills (CI runs this; sm_100a gets no other check here)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -33,6 +34,8 @@ SM90_CASES = [
     dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, out_format="fp8"),
     dict(tile_m=64, fused_act_quant=False, split_k=4, out_format="fp8-unscaled"),
     dict(tile_m=16, fused_act_quant=True, split_k=2, epilogue_warpgroups=2),
+    dict(tile_m=16, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True),
+    dict(tile_m=32, fused_act_quant=False, split_k=4, pipelined_promotion=True),
 ]
 
 
@@ -53,7 +56,12 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
     roles = 2 if cfg.split_k > 1 and not scatter else 1
     if scatter:
         assert " ".join(ptx.split()).count("st.async.shared::cluster") == cfg.tile_m // 4
-    assert ptx.count(wgmma) == 8 * roles, ptx.count(wgmma)
+    # pipelined: the K loop unrolled (K = 1536: 12 blocks over the split), one wait for all
+    # but the newest group between blocks
+    blocks = 12 // cfg.split_k if cfg.pipelined_promotion else 1
+    assert ptx.count(wgmma) == 8 * blocks * roles, ptx.count(wgmma)
+    if cfg.pipelined_promotion:
+        assert len(re.findall(r"wgmma.wait_group.sync.aligned\s+1;", ptx)) == (blocks - 1) * roles
     assert "m64n128k32" not in ptx  # not the native kernel's shape
     flat = " ".join(ptx.split())
     assert ("st.async.shared::cluster" in flat) == (cfg.split_k > 1)
@@ -104,8 +112,24 @@ def test_swap_ab_limits():
     assert not S90.can_implement(GemmConfig(tile_m=64, split_k=6, fused_act_quant=True, **sw), 1024, 1536)
     assert S90.can_implement(GemmConfig(tile_m=64, split_k=8, fused_act_quant=True, **sw), 1024, 1024)
     assert not S90.can_implement(GemmConfig(tile_m=16), 8192, 1536)  # kind native
+    # a second partial accumulator fits up to 32-token tiles
+    assert S90.can_implement(GemmConfig(tile_m=32, pipelined_promotion=True, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, **sw), 8192, 1536)
+    # the phase-clock trace is a swap_ab probe's (it writes into the q output)
+    assert S90.can_implement(GemmConfig(tile_m=16, epilogue=False, trace=True, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=16, trace=True, **sw), 8192, 1536)
     s100 = dict(arch="sm_100a", kind="swap_ab")
     assert S100.can_implement(GemmConfig(tile_m=128, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=64, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=256, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, fused_act_quant=True, **s100), 8192, 1536)
+
+
+def test_sm90_swap_ab_trace_probe_compiles(tmp_path):
+    """tuning/trace_decode's probe: clock stamps at the phase boundaries (global timer at
+    the consumer's start and hand-off); the plain probe has none."""
+    cfg = GemmConfig(kind="swap_ab", tile_m=16, split_k=2, fused_act_quant=True, epilogue=False, trace=True)
+    ptx = _ptx(jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / "trace")))
+    assert ptx.count("%globaltimer") == 2 and ptx.count("%clock64") >= 8
+    plain = _ptx(jit.compile_fused(dataclasses.replace(cfg, trace=False), 8192, 1536, keep_dir=str(tmp_path / "plain")))
+    assert "%globaltimer" not in plain and "%clock64" not in plain

@@ -196,6 +196,45 @@ def test_swap_ab_reduce_scatter_equals_the_gather(m, n, k, gather_tile, scatter_
     assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} split={split}"
 
 
+# Pipelined promotion (block kb promoted under block kb+1's WGMMAs) adds the same products
+# in the same order as the plain loop: the same bytes. Fused and separate quantizers, the
+# gathering and scattering K splits, a K split of 3 (odd block count a rank), several token
+# tiles a CTA (M = 129 at T = 32, split 1).
+PIPELINED_CASES = [(16, 8192, 1536, 16, 2, 2, True), (9, 8192, 1024, 16, 1, 1, True), (32, 1024, 1536, 32, 4, 1, False),
+                   (3, 1024, 1536, 8, 3, 2, True), (129, 8192, 1536, 32, 1, 2, True), (27, 1024, 1536, 32, 2, 2, False)]
+
+
+def _pipelined_tactic(t, s, e, fused, pipelined):
+    return Tactic(kind="swap_ab", tile_m=t, split_k=s, epilogue_warpgroups=e, fused_act_quant=fused,
+                  pipelined_promotion=pipelined)
+
+
+@pytest.fixture(scope="module")
+def pipelined_precompiled():
+    _needs_sm90()
+    from indexer_q import jit
+
+    jobs = [(_pipelined_tactic(t, s, e, f, p).to_config("sm_90a", positions_dtype="int64", **HELPER_OPTS), n, k)
+            for _, n, k, t, s, e, f in PIPELINED_CASES for p in (False, True)]
+    errors = jit.precompile(jobs)
+    assert not errors, errors[:3]
+
+
+@pytest.mark.parametrize("m,n,k,tile,split,ewg,fused", PIPELINED_CASES)
+def test_swap_ab_pipelined_promotion_equals_the_plain_loop(m, n, k, tile, split, ewg, fused, big_cos_sin,
+                                                           pipelined_precompiled):
+    from indexer_q import prepare_weights
+
+    seed = _seed()
+    x = _inputs(m, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    q, s = _run_twice(x, weights, tactic=_pipelined_tactic(tile, split, ewg, fused, True), **HELPER_OPTS)
+    rq, rs = _run_twice(x, weights, tactic=_pipelined_tactic(tile, split, ewg, fused, False), **HELPER_OPTS)
+    tag = f"M={m} N={n} K={k} seed={seed} tile={tile} split={split} fused={fused}"
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), tag
+    assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, {tag}"
+
+
 def _same_bytes(a, b):
     return (a.view(torch.uint8) == b.view(torch.uint8)).double().mean().item()
 

@@ -31,7 +31,7 @@ class Tactic:
     raster_along_m: bool = True
     swizzle: int = 1
     mma_per_promotion: int = 4  # WGMMAs (32 K each) between block-scale promotions
-    pipelined_promotion: bool = False  # promote block k under block k+1's WGMMAs (tile_m 64)
+    pipelined_promotion: bool = False  # promote block k under block k+1's WGMMAs (native tile_m 64, swap_ab <= 32)
     split_k: int = 1
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
     epilogue_warpgroups: int = 1  # 2: twice the epilogue warps, 8 lanes a row
@@ -119,14 +119,17 @@ def _swap_ab_candidates(m: int, n: int, k: int):
     """The token tile for M; the activation quantized in the kernel or by its own launch;
     K split over a cluster of 1, 2, 4 CTAs, and 3, 6 or 8 for few heads (TP8: 8 heads on
     132 SMs); a second epilogue warpgroup where a tile has 32 rows or more (below that one
-    warpgroup's 16-row pass already covers it) or where it helps quantize the first tile."""
+    warpgroup's 16-row pass already covers it) or where it helps quantize the first tile;
+    up to 32-token tiles, each block's promotion under the next block's WGMMAs as well."""
     tile = swap_ab_tile(m)
     heads = n // 128
     splits = [s for s in (1, 2, 3, 4, 6, 8) if (k // 128) % s == 0 and (s in (1, 2, 4) or heads <= 16)]
-    for fused, split, ewg in itertools.product((True, False), splits, (1, 2)):
+    pipelined = (False, True) if tile <= 32 else (False,)
+    for fused, split, ewg, pipe in itertools.product((True, False), splits, (1, 2), pipelined):
         if ewg == 2 and tile < 32 and not fused:
             continue
-        yield Tactic(kind="swap_ab", tile_m=tile, split_k=split, epilogue_warpgroups=ewg, fused_act_quant=fused)
+        yield Tactic(kind="swap_ab", tile_m=tile, split_k=split, epilogue_warpgroups=ewg, fused_act_quant=fused,
+                     pipelined_promotion=pipe)
 
 
 def _candidates():
