@@ -55,6 +55,13 @@ BAR_ACT_READY = 2  # named barrier of the consumer warpgroup: the quantized tile
 # handed to the epilogue, 13 globaltimer then; producer: 14 its start, 15 every load issued
 TRACE_SLOTS = 16
 BAR_FIRST_ACT_READY = 3  # the same for the first tile, quantized by the consumer and the epilogue warpgroups
+# fused_act_quant: the producer requests this many of the first tile's weight blocks, then
+# waits (named barrier BAR_QR_LOADS_ISSUED) until the quantizers have issued their first
+# loads of qr before requesting the rest: behind the whole weight's requests (12.6 MB at
+# V4-Pro) those loads waited 2.8-7.5 us (tuning/trace_decode.py, T = 8..64), ahead of them
+# they take one round trip. The first blocks still overlap the previous grid (PDL).
+WEIGHT_BLOCKS_BEFORE_QR = 1
+BAR_QR_LOADS_ISSUED = 4
 QUANT_LANES = 16  # lanes a (token, 128-K block) unit, 8 values a lane (as kernels/act_quant.py)
 QUANT_RESERVED_REGS = 64  # a consumer thread's registers kept for addressing while it quantizes
 
@@ -400,14 +407,19 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
         # launched before this one (the activation quantizer, or the caller's previous
         # op); the activation is read only after the wait.
         early = min(self.stages, self.k_blocks)
+        before_qr = min(early, WEIGHT_BLOCKS_BEFORE_QR)
         a_state = state.clone()
         if work.is_valid_tile:
             tWgW_n = tWgW[(None, work.tile_idx[1], None)]
             for kb in cutlass.range_constexpr(early):
+                if cutlass.const_expr(self.fused and kb == before_qr):
+                    self._wait_for_qr_loads()
                 ab_pipeline.producer_acquire(state)
                 cute.copy(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)],
                           tma_bar_ptr=ab_pipeline.producer_get_barrier(state))
                 state.advance()
+            if cutlass.const_expr(self.fused and before_qr == early):
+                self._wait_for_qr_loads()
         if cutlass.const_expr(self.config.pdl):
             cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not self.fused):
@@ -607,6 +619,11 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             col = (i % (t // 2)) // 4 * 2 + i % 2  # (j, v) of value i
             acc[i] = acc[i] + partial[i] * scales[col]
 
+    def _wait_for_qr_loads(self):
+        """Producer warp: until every quantizer thread of the first tile has issued its
+        first loads of qr (they arrive, not sync: another instruction than this one)."""
+        cute.arch.barrier(barrier_id=BAR_QR_LOADS_ISSUED, number_of_threads=32 + (1 + self.epi_wgs) * WARPGROUP)
+
     @cute.jit
     def _stamp(self, trace, slot, thread, global_timer: cutlass.Constexpr = False):
         """Trace probes only: thread 0 of a role writes the SM clock (or the global ns
@@ -694,6 +711,10 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
                 col = (k_begin + b) * SCALE_BLOCK_K + lane16 * 8
                 words = epi.load_f32x4(qr.iterator + cute.crd2idx((row, col), qr.layout))
                 loaded.append((r, b, words, stored))
+            if cutlass.const_expr(helpers > 1):  # the first tile: let the weight's requests follow
+                if first == 0:
+                    cute.arch.barrier_arrive(barrier_id=BAR_QR_LOADS_ISSUED,
+                                             number_of_threads=32 + helpers * WARPGROUP, aligned=False)
             for r, b, words, stored in loaded:
                 out, scale = quantize_unit(words)
                 byte = b * (t * SCALE_BLOCK_K) + r * SCALE_BLOCK_K + ((((lane16 >> 1) ^ (r & 7)) << 4)
