@@ -196,11 +196,15 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
         # Decode: swapped A/B, one launch, the K split filling about the SMs (H200: V4-Pro
         # M = 1 6.2 us split in 2, 7.0 unsplit, 10.8 split in 4; TP8 3.7-3.9 split in 4,
         # 4.9 unsplit), two epilogue warpgroups (they also quantize the first tile: H200
-        # V4-Pro M = 16 6.94 us against 7.18 with one, TP8 4.34 against 4.45).
+        # V4-Pro M = 16 6.94 us against 7.18 with one, TP8 4.34 against 4.45), and up to
+        # 32-token tiles each block's promotion under the next block's WGMMAs (the tuner's
+        # timings, fourth session: within 0-8% of the fastest candidate at M <= 32 on the
+        # four H200 tables, against 3-14% without it).
         heads = n // 128
         split = max(s for s in (1, 2, 4) if (k // 128) % s == 0 and heads * s <= SM90_SMS)
-        return Tactic(kind="swap_ab", tile_m=swap_ab_tile(m), split_k=split, fused_act_quant=True,
-                      epilogue_warpgroups=2)
+        tile = swap_ab_tile(m)
+        return Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=True,
+                      epilogue_warpgroups=2, pipelined_promotion=tile <= 32)
     tiles_of_128 = -(-m // 128) * (n // 128)
     # Two epilogue warpgroups: on the H200 faster at every M for 64-row tiles (0.4-1 us
     # at M <= 128) and for 128-row tiles but at V4-Pro M >= 4096 (3% slower there, which
