@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from indexer_q import table
-from indexer_q.tactics import Tactic, heuristic, valid_tactics
+from indexer_q.tactics import Tactic, can_run, heuristic, valid_tactics
 
 
 def test_tactic_is_frozen_named_and_round_trips():
@@ -20,11 +20,14 @@ def test_tactic_is_frozen_named_and_round_trips():
         Tactic.from_dict({"tile_m": 64, "tile_n": 128})
 
 
-@pytest.mark.parametrize("m", [1, 64, 65, 4096, 16384])
-@pytest.mark.parametrize("n,k", [(8192, 1536), (1024, 1024), (2048, 1536)])
+@pytest.mark.parametrize("m", [1, 16, 32, 64, 65, 4096, 16384])
+@pytest.mark.parametrize("n,k", [(8192, 1536), (1024, 1024), (2048, 1536), (8192, 1152), (1024, 384)])
 def test_heuristic_is_always_a_valid_candidate(m, n, k):
+    """Odd K-block counts (1152 = 9 x 128, 384 = 3 x 128) included: the pipelined promotion
+    the heuristic takes up to 32 tokens needs an even count."""
     cands = valid_tactics("sm_90a", m, n, k)
     assert cands[0] == heuristic("sm_90a", m, n, k)
+    assert can_run("sm_90a", cands[0], n, k), cands[0]
     assert len(set(cands)) == len(cands) > 1
 
 

@@ -203,8 +203,9 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
         heads = n // 128
         split = max(s for s in (1, 2, 4) if (k // 128) % s == 0 and heads * s <= SM90_SMS)
         tile = swap_ab_tile(m)
+        pipelined = tile <= 32 and (k // 128) % 2 == 0  # GemmConfig asks an even K-block count
         return Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=True,
-                      epilogue_warpgroups=2, pipelined_promotion=tile <= 32)
+                      epilogue_warpgroups=2, pipelined_promotion=pipelined)
     tiles_of_128 = -(-m // 128) * (n // 128)
     # Two epilogue warpgroups: on the H200 faster at every M for 64-row tiles (0.4-1 us
     # at M <= 128) and for 128-row tiles but at V4-Pro M >= 4096 (3% slower there, which
