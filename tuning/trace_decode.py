@@ -56,7 +56,8 @@ def measure(shape: str, m: int, tactic, runs: int) -> dict:
         operands = (x["qr"], w.weight, w.weight_scale)
     else:
         operands = dispatch._operands("sm_90a", *dispatch.run_act_quant(x["qr"], None), w)
-    ctas = min(sms, (n // 128) * -(-m // tactic.tile_m) * tactic.split_k)
+    # the persistent grid: sms // split_k clusters of split_k CTAs at most (jit's compile_args)
+    ctas = min((sms // tactic.split_k) * tactic.split_k, (n // 128) * -(-m // tactic.tile_m) * tactic.split_k)
     if m * (n // 2) < ctas * TRACE_SLOTS * 8:
         raise SystemExit(f"q output too small for the trace at M={m}")
     flush = torch.zeros(64 << 20, dtype=torch.int32, device="cuda")  # 256 MB, five times L2
