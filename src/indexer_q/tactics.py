@@ -106,6 +106,7 @@ def kernel_class(arch: str, kind: str = "native"):
 
 SWAP_AB_MAX_M = 256  # swapped-A/B tactics are offered up to here (decode and small batches)
 SWAP_AB_HEURISTIC_MAX_M = 32  # and chosen by the heuristic up to here
+SWAP_AB_PIPELINED_MAX_TILE = 32  # the sm_90a kernel's limit for pipelined_promotion (its registers)
 
 
 def swap_ab_tile(m: int) -> int:
@@ -124,7 +125,7 @@ def _swap_ab_candidates(m: int, n: int, k: int):
     tile = swap_ab_tile(m)
     heads = n // 128
     splits = [s for s in (1, 2, 3, 4, 6, 8) if (k // 128) % s == 0 and (s in (1, 2, 4) or heads <= 16)]
-    pipelined = (False, True) if tile <= 32 else (False,)
+    pipelined = (False, True) if tile <= SWAP_AB_PIPELINED_MAX_TILE else (False,)
     for fused, split, ewg, pipe in itertools.product((True, False), splits, (1, 2), pipelined):
         if ewg == 2 and tile < 32 and not fused:
             continue
@@ -203,7 +204,7 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
         heads = n // 128
         split = max(s for s in (1, 2, 4) if (k // 128) % s == 0 and heads * s <= SM90_SMS)
         tile = swap_ab_tile(m)
-        pipelined = tile <= 32 and (k // 128) % 2 == 0  # GemmConfig asks an even K-block count
+        pipelined = tile <= SWAP_AB_PIPELINED_MAX_TILE and (k // 128) % 2 == 0  # GemmConfig: an even K-block count
         return Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=True,
                       epilogue_warpgroups=2, pipelined_promotion=pipelined)
     tiles_of_128 = -(-m // 128) * (n // 128)
