@@ -17,7 +17,7 @@ The activation reaches shared memory in one of two ways:
   quantized by the consumer and the epilogue warpgroups together (these are idle until
   the first tile is done, and on K-split ranks 1.. throughout); a later token tile by the
   consumer alone. The tile stays resident for every head the CTA takes with the same
-  tokens. One launch.
+  tokens. One launch (the quantizer: kernels/swap_ab_quant_sm90.py).
 
 The finished tile [128 dims x tokens] is rounded to bf16 (SPEC step 2) and written to
 shared memory transposed to token rows, so that the epilogue warpgroup(s) of
@@ -38,35 +38,24 @@ from cutlass import Float32, Int32, Int64
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue as epi
-from .act_quant import quantize_unit
 from .epilogue_sm90 import Sm90EpilogueRoles
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROUP, WORDS_PER_ROW, Sm90KernelBase,
                          add_partials, gather_partials, issue_wgmmas, reduce_tensor, scatter_partial,
                          scatter_tensor, send_partial, shared_storage, swizzled_word)
+from .swap_ab_quant_sm90 import WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
 
 TOKEN_TILES = (8, 16, 32, 64)
 PIPELINED_MAX_TILE = 32  # at 64 tokens two partials and the accumulator take 192 registers
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
-BAR_ACT_READY = 2  # named barrier of the consumer warpgroup: the quantized tile is in shared memory
 # trace (probe only): int64 slots a CTA in the q output. Consumer: 0 globaltimer at its
 # start, 1 clock64 at its start, 2 after the PDL wait, 3 first tile quantized, 4..9 first
 # tile's K blocks 0..5 in shared memory, 10 K loop done, 11 K split reduced, 12 tile
 # handed to the epilogue, 13 globaltimer then; producer: 14 its start, 15 every load issued
 TRACE_SLOTS = 16
-BAR_FIRST_ACT_READY = 3  # the same for the first tile, quantized by the consumer and the epilogue warpgroups
-# fused_act_quant: the producer requests this many of the first tile's weight blocks, then
-# waits (named barrier BAR_QR_LOADS_ISSUED) until the quantizers have issued their first
-# loads of qr before requesting the rest: behind the whole weight's requests (12.6 MB at
-# V4-Pro) those loads waited 2.8-7.5 us (tuning/trace_decode.py, T = 8..64), ahead of them
-# they take one round trip. The first blocks still overlap the previous grid (PDL).
-WEIGHT_BLOCKS_BEFORE_QR = 1
-BAR_QR_LOADS_ISSUED = 4
-QUANT_LANES = 16  # lanes a (token, 128-K block) unit, 8 values a lane (as kernels/act_quant.py)
-QUANT_RESERVED_REGS = 64  # a consumer thread's registers kept for addressing while it quantizes
 
 
-class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
+class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90KernelBase):
     supported_kinds = ("swap_ab",)
     split_k_choices = (1, 2, 3, 4, 6, 8)  # a cluster of up to 8 CTAs shares a head's K blocks
     epilogue_warpgroup_choices = (1, 2)
@@ -105,8 +94,11 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
     @classmethod
     def _reduce_words(cls, config: GemmConfig) -> int:
         """The K split's slots: S slots of T / S token rows (reduce-scatter), or S - 1 of T."""
-        slots = config.split_k if cls.reduce_scatters(config) else config.split_k - 1
-        return slots * epi.HEAD_DIM * config.tile_m // (config.split_k if cls.reduce_scatters(config) else 1)
+        if cls.reduce_scatters(config):
+            slots, rows = config.split_k, config.tile_m // config.split_k
+        else:
+            slots, rows = config.split_k - 1, config.tile_m
+        return slots * rows * epi.HEAD_DIM
 
     @classmethod
     def _fixed_bytes(cls, config: GemmConfig, k: int) -> int:
@@ -541,9 +533,7 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
                                              stage_b=kb if self.fused else None)
                     cute.nvgpu.warpgroup.wait_group(0)
                     ab_pipeline.consumer_release(read_state)
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        col = (i % (t // 2)) // 4 * 2 + i % 2  # (j, v) of value i
-                        acc[i] = acc[i] + partial[i] * scales[col]
+                    self._promote(acc, partial, scales)
                     read_state.advance()
             if tiles_done == 0:
                 self._stamp(trace, 10, ctidx)
@@ -619,11 +609,6 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
             col = (i % (t // 2)) // 4 * 2 + i % 2  # (j, v) of value i
             acc[i] = acc[i] + partial[i] * scales[col]
 
-    def _wait_for_qr_loads(self):
-        """Producer warp: until every quantizer thread of the first tile has issued its
-        first loads of qr (they arrive, not sync: another instruction than this one)."""
-        cute.arch.barrier(barrier_id=BAR_QR_LOADS_ISSUED, number_of_threads=32 + (1 + self.epi_wgs) * WARPGROUP)
-
     @cute.jit
     def _stamp(self, trace, slot, thread, global_timer: cutlass.Constexpr = False):
         """Trace probes only: thread 0 of a role writes the SM clock (or the global ns
@@ -651,84 +636,3 @@ class Sm90SwapABFusedIndexerQ(Sm90EpilogueRoles, Sm90KernelBase):
                         half = swizzled_word(tok, d >> 1) * 2 + (d & 1)
                         sQ16[epi_state.index, tok, half] = cutlass.Int16(word >> (16 * v))
         epi_pipeline.producer_commit(epi_state)
-
-    @cute.jit
-    def _help_quantize_first_tile(self, qr, sB_ptr, sActScale, k_begin, sched_params, qtidx):
-        """An epilogue thread's share of the CTA's first token tile (qtidx counts from the
-        consumer's 128 threads on)."""
-        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
-        if work.is_valid_tile:
-            if cutlass.const_expr(self.config.pdl):
-                cute.arch.griddepcontrol_wait()  # qr may come from the previous grid
-            self._quantize_tile(qr, sB_ptr, sActScale, self._m_tile(work.tile_idx) * self.tile_rows, qr.shape[0],
-                                k_begin, qtidx, 1 + self.epi_wgs, helper=True)
-
-    @cute.jit
-    def _quantize_tile(self, qr, sB_ptr, sActScale, row0, m, k_begin, qtidx, helpers: cutlass.Constexpr,
-                       helper: cutlass.Constexpr = False):
-        """SPEC step 1 for the rank's K blocks of token rows row0.. by `helpers` warpgroups
-        (1: the consumer; more: with the epilogue warpgroups, first tile only): each (row,
-        128-K block) unit is a half-warp's, 8 values a lane, quantized with the act_quant
-        kernel's arithmetic and stored as e4m3 in the WGMMA's swizzled B layout (128 bytes
-        a row, 16-byte chunks XORed with row % 8), its scale 2^e beside it. Only the rows
-        below M are quantized: the columns of the rows past it hold whatever the buffer
-        held, and nothing computed from them is stored (a column of the MMA depends on its
-        own token only, and so does every epilogue step). A helper (epilogue) thread only
-        signals its part done; the consumer waits for every part."""
-        t = self.tile_rows
-        groups = helpers * WARPGROUP // QUANT_LANES
-        rounds = (t * self.k_blocks + groups - 1) // groups  # a full tile's
-        units = cutlass.min(t, m - row0) * self.k_blocks  # the live rows' (row0 < M)
-        live_rounds = (units + groups - 1) // groups
-        half = qtidx // QUANT_LANES
-        lane16 = qtidx % QUANT_LANES
-        sBw = cute.make_tensor(cute.recast_ptr(sB_ptr, dtype=Int32), cute.make_layout(t * self.k_blocks * 32))
-        bar = BAR_ACT_READY if helpers == 1 else BAR_FIRST_ACT_READY
-        if cutlass.const_expr(helpers == 1):
-            # every thread is past its last read of the previous tile's scales and operands
-            cute.arch.barrier(barrier_id=bar, number_of_threads=WARPGROUP)
-        # Units loaded at once: each load is a DRAM round trip, so as many as the registers
-        # beside the accumulators hold (4 a unit; one batch up to T = 32 at split 2).
-        regs = self.consumer_regs - 2 * t
-        if cutlass.const_expr(self.config.pipelined_promotion):  # the second partial, the weight's scales
-            regs = regs - t - self.k_blocks
-        if cutlass.const_expr(helpers > 1):
-            regs = min(regs, self.epilogue_regs)
-        # (any batch: the loop's last one may run past the live units, which are clamped and
-        # not stored; a divisor of the rounds could be 1 where they are prime)
-        batch = min(rounds, max(1, (regs - QUANT_RESERVED_REGS) // 4))
-        for first in cutlass.range(0, live_rounds, batch, unroll=1):  # a loop: unrolled it spilled at T = 64
-            loaded = []
-            for it in cutlass.range_constexpr(batch):
-                # past the last live unit: a live unit's values, computed (the half-warp's
-                # shuffles need every lane) and not stored
-                unit = cutlass.min((first + it) * groups + half, units - 1)
-                stored = (first + it) * groups + half < units
-                r = unit // self.k_blocks
-                b = unit - r * self.k_blocks
-                row = row0 + r
-                col = (k_begin + b) * SCALE_BLOCK_K + lane16 * 8
-                words = epi.load_f32x4(qr.iterator + cute.crd2idx((row, col), qr.layout))
-                loaded.append((r, b, words, stored))
-            if cutlass.const_expr(helpers > 1):  # the first tile: let the weight's requests follow
-                if first == 0:
-                    cute.arch.barrier_arrive(barrier_id=BAR_QR_LOADS_ISSUED,
-                                             number_of_threads=32 + helpers * WARPGROUP, aligned=False)
-            for r, b, words, stored in loaded:
-                out, scale = quantize_unit(words)
-                byte = b * (t * SCALE_BLOCK_K) + r * SCALE_BLOCK_K + ((((lane16 >> 1) ^ (r & 7)) << 4)
-                                                                      + (lane16 & 1) * 8)
-                if stored:
-                    sBw[byte >> 2] = out[0]
-                    sBw[(byte >> 2) + 1] = out[1]
-                    if lane16 == 0:
-                        sActScale[b, r] = scale
-        cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
-        # Arrive, not sync, in the helpers: bar.sync is .aligned (every thread meeting the
-        # barrier at the same instruction), and the helpers' copy of this code is another
-        # instruction than the consumer's (compute-sanitizer synccheck flags that)
-        if cutlass.const_expr(helper):
-            cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=helpers * WARPGROUP)
-        else:
-            cute.arch.barrier(barrier_id=bar, number_of_threads=helpers * WARPGROUP)

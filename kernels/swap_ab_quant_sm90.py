@@ -1,0 +1,126 @@
+"""The swapped-A/B kernel's fused activation quantizer (sm_90a, `fused_act_quant`).
+
+SPEC step 1 inside the GEMM's launch: the bf16 rows of a CTA's token tile are quantized
+with kernels/act_quant.py's arithmetic (e4m3 values, one power-of-two scale a 128-K block)
+straight into the swizzled B layout the WGMMAs read, with the scales beside it in shared
+memory. The first tile is quantized by the consumer and the epilogue warpgroups together
+(the epilogue is idle until then); a later token tile by the consumer alone.
+
+Its loads of qr go first: the producer requests WEIGHT_BLOCKS_BEFORE_QR weight blocks and
+then waits until the quantizers have issued their first loads (named barrier
+BAR_QR_LOADS_ISSUED), so those loads do not queue behind the weight's stream.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils as utils
+from cutlass import Int32
+
+from . import epilogue as epi
+from .act_quant import quantize_unit
+from .gemm_base import SCALE_BLOCK_K
+from .sm90_parts import WARPGROUP
+
+BAR_ACT_READY = 2  # named barrier of the consumer warpgroup: the quantized tile is in shared memory
+BAR_FIRST_ACT_READY = 3  # the same for the first tile, quantized by the consumer and the epilogue warpgroups
+# fused_act_quant: the producer requests this many of the first tile's weight blocks, then
+# waits (named barrier BAR_QR_LOADS_ISSUED) until the quantizers have issued their first
+# loads of qr before requesting the rest: behind the whole weight's requests (12.6 MB at
+# V4-Pro) those loads waited 2.8-7.5 us (tuning/trace_decode.py, T = 8..64), ahead of them
+# they take one round trip. The first blocks still overlap the previous grid (PDL).
+WEIGHT_BLOCKS_BEFORE_QR = 1
+BAR_QR_LOADS_ISSUED = 4
+QUANT_LANES = 16  # lanes a (token, 128-K block) unit, 8 values a lane (as kernels/act_quant.py)
+QUANT_RESERVED_REGS = 64  # a consumer thread's registers kept for addressing while it quantizes
+
+
+class Sm90SwapABQuantizer:
+    """Mixin of Sm90SwapABFusedIndexerQ: uses its tile_rows, k_blocks, epi_wgs, register
+    budgets and _m_tile."""
+
+    def _wait_for_qr_loads(self):
+        """Producer warp: until every quantizer thread of the first tile has issued its
+        first loads of qr (they arrive, not sync: another instruction than this one)."""
+        cute.arch.barrier(barrier_id=BAR_QR_LOADS_ISSUED, number_of_threads=32 + (1 + self.epi_wgs) * WARPGROUP)
+
+    @cute.jit
+    def _help_quantize_first_tile(self, qr, sB_ptr, sActScale, k_begin, sched_params, qtidx):
+        """An epilogue thread's share of the CTA's first token tile (qtidx counts from the
+        consumer's 128 threads on)."""
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        if work.is_valid_tile:
+            if cutlass.const_expr(self.config.pdl):
+                cute.arch.griddepcontrol_wait()  # qr may come from the previous grid
+            self._quantize_tile(qr, sB_ptr, sActScale, self._m_tile(work.tile_idx) * self.tile_rows, qr.shape[0],
+                                k_begin, qtidx, 1 + self.epi_wgs, helper=True)
+
+    @cute.jit
+    def _quantize_tile(self, qr, sB_ptr, sActScale, row0, m, k_begin, qtidx, helpers: cutlass.Constexpr,
+                       helper: cutlass.Constexpr = False):
+        """SPEC step 1 for the rank's K blocks of token rows row0.. by `helpers` warpgroups
+        (1: the consumer; more: with the epilogue warpgroups, first tile only): each (row,
+        128-K block) unit is a half-warp's, 8 values a lane, quantized with the act_quant
+        kernel's arithmetic and stored as e4m3 in the WGMMA's swizzled B layout (128 bytes
+        a row, 16-byte chunks XORed with row % 8), its scale 2^e beside it. Only the rows
+        below M are quantized: the columns of the rows past it hold whatever the buffer
+        held, and nothing computed from them is stored (a column of the MMA depends on its
+        own token only, and so does every epilogue step). A helper (epilogue) thread only
+        signals its part done; the consumer waits for every part."""
+        t = self.tile_rows
+        groups = helpers * WARPGROUP // QUANT_LANES
+        rounds = (t * self.k_blocks + groups - 1) // groups  # a full tile's
+        units = cutlass.min(t, m - row0) * self.k_blocks  # the live rows' (row0 < M)
+        live_rounds = (units + groups - 1) // groups
+        half = qtidx // QUANT_LANES
+        lane16 = qtidx % QUANT_LANES
+        sBw = cute.make_tensor(cute.recast_ptr(sB_ptr, dtype=Int32), cute.make_layout(t * self.k_blocks * 32))
+        bar = BAR_ACT_READY if helpers == 1 else BAR_FIRST_ACT_READY
+        if cutlass.const_expr(helpers == 1):
+            # every thread is past its last read of the previous tile's scales and operands
+            cute.arch.barrier(barrier_id=bar, number_of_threads=WARPGROUP)
+        # Units loaded at once: each load is a DRAM round trip, so as many as the registers
+        # beside the accumulators hold (4 a unit; one batch up to T = 32 at split 2).
+        regs = self.consumer_regs - 2 * t
+        if cutlass.const_expr(self.config.pipelined_promotion):  # the second partial, the weight's scales
+            regs = regs - t - self.k_blocks
+        if cutlass.const_expr(helpers > 1):
+            regs = min(regs, self.epilogue_regs)
+        # (any batch: the loop's last one may run past the live units, which are clamped and
+        # not stored; a divisor of the rounds could be 1 where they are prime)
+        batch = min(rounds, max(1, (regs - QUANT_RESERVED_REGS) // 4))
+        for first in cutlass.range(0, live_rounds, batch, unroll=1):  # a loop: unrolled it spilled at T = 64
+            loaded = []
+            for it in cutlass.range_constexpr(batch):
+                # past the last live unit: a live unit's values, computed (the half-warp's
+                # shuffles need every lane) and not stored
+                unit = cutlass.min((first + it) * groups + half, units - 1)
+                stored = (first + it) * groups + half < units
+                r = unit // self.k_blocks
+                b = unit - r * self.k_blocks
+                row = row0 + r
+                col = (k_begin + b) * SCALE_BLOCK_K + lane16 * 8
+                words = epi.load_f32x4(qr.iterator + cute.crd2idx((row, col), qr.layout))
+                loaded.append((r, b, words, stored))
+            if cutlass.const_expr(helpers > 1):  # the first tile: let the weight's requests follow
+                if first == 0:
+                    cute.arch.barrier_arrive(barrier_id=BAR_QR_LOADS_ISSUED,
+                                             number_of_threads=32 + helpers * WARPGROUP, aligned=False)
+            for r, b, words, stored in loaded:
+                out, scale = quantize_unit(words)
+                byte = b * (t * SCALE_BLOCK_K) + r * SCALE_BLOCK_K + ((((lane16 >> 1) ^ (r & 7)) << 4)
+                                                                      + (lane16 & 1) * 8)
+                if stored:
+                    sBw[byte >> 2] = out[0]
+                    sBw[(byte >> 2) + 1] = out[1]
+                    if lane16 == 0:
+                        sActScale[b, r] = scale
+        cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
+        # Arrive, not sync, in the helpers: bar.sync is .aligned (every thread meeting the
+        # barrier at the same instruction), and the helpers' copy of this code is another
+        # instruction than the consumer's (compute-sanitizer synccheck flags that)
+        if cutlass.const_expr(helper):
+            cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=helpers * WARPGROUP)
+        else:
+            cute.arch.barrier(barrier_id=bar, number_of_threads=helpers * WARPGROUP)
