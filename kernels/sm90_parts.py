@@ -123,8 +123,10 @@ def add_partials(acc, reduce, ctidx, tiles_done, tile_bytes: cutlass.Constexpr):
 # Reduce-scatter over a K split (swapped A/B): rank d finishes token groups [d J, (d + 1) J)
 # of the tile (J groups of 8 tokens), so every rank runs the epilogue on T / S rows instead
 # of rank 0 on all T. Each rank stores its fp32 partial of rank d's groups into rank d's slot
-# [this rank] (st.async; its own slot too), then sums its S slots in rank order: the order
-# add_partials sums in, so the bytes are those of the gather-to-rank-0 reduction.
+# [this rank] (st.async through distributed shared memory; its own slot with a plain store,
+# read back by the same thread, so only (S - 1) / S of the tile crosses the cluster), then
+# sums its S slots in rank order: the order add_partials sums in, so the bytes are those of
+# the gather-to-rank-0 reduction.
 def scatter_tensor(storage, split_k: int, values_per_slot: int):
     """A rank's slots, one per source rank: [source, chunk, consumer thread, 4]."""
     slot = WARPGROUP * values_per_slot
@@ -141,23 +143,33 @@ def scatter_partial(acc, scatter, ctidx, tiles_done, groups: cutlass.Constexpr, 
     split = cute.size(sSlots, mode=[0])
     rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
     cute.arch.mbarrier_wait(free, (tiles_done & 1) ^ 1)
+    for d in cutlass.range_constexpr(split):  # the other ranks' groups first: they travel
+        if d != rank:
+            for mi in cutlass.range_constexpr(2):
+                for jl in cutlass.range_constexpr(groups):
+                    i0 = 4 * (d * groups + jl) + half * mi
+                    words = tuple(acc[i0 + k].bitcast(Int32) for k in range(4))
+                    dst = sSlots[(rank, jl + groups * mi, ctidx, None)].iterator
+                    cute.arch.store_async_dsmem(dst, words, full, d)
     for d in cutlass.range_constexpr(split):
-        for mi in cutlass.range_constexpr(2):
-            for jl in cutlass.range_constexpr(groups):
-                i0 = 4 * (d * groups + jl) + half * mi
-                words = tuple(acc[i0 + k].bitcast(Int32) for k in range(4))
-                dst = sSlots[(rank, jl + groups * mi, ctidx, None)].iterator
-                cute.arch.store_async_dsmem(dst, words, full, d)
+        if d == rank:
+            for mi in cutlass.range_constexpr(2):
+                for jl in cutlass.range_constexpr(groups):
+                    i0 = 4 * (d * groups + jl) + half * mi
+                    for k in cutlass.range_constexpr(4):
+                        sSlots[rank, jl + groups * mi, ctidx, k] = acc[i0 + k].bitcast(Int32)
 
 
 @cute.jit
 def gather_partials(mine, scatter, ctidx, tiles_done, slot_bytes: cutlass.Constexpr):
     """Receive side: `mine` [chunk * 4 + k] = the sum over source ranks, in rank order, of
-    this rank's token groups; then release this rank's slots to every source."""
+    this rank's token groups; then release this rank's slots to every source. The other
+    S - 1 ranks' bytes complete on `full`; this rank's own slot was written by this very
+    thread (scatter_partial), so program order covers it."""
     full, free, sSlots = scatter
     split = cute.size(sSlots, mode=[0])
     if ctidx == 0:
-        cute.arch.mbarrier_arrive_and_expect_tx(full, slot_bytes * split)
+        cute.arch.mbarrier_arrive_and_expect_tx(full, slot_bytes * (split - 1))
     cute.arch.mbarrier_wait(full, tiles_done & 1)
     for c in cutlass.range_constexpr(cute.size(sSlots, mode=[1])):
         for k in cutlass.range_constexpr(4):

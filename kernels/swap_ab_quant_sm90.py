@@ -28,7 +28,8 @@ BAR_FIRST_ACT_READY = 3  # the same for the first tile, quantized by the consume
 # waits (named barrier BAR_QR_LOADS_ISSUED) until the quantizers have issued their first
 # loads of qr before requesting the rest: behind the whole weight's requests (12.6 MB at
 # V4-Pro) those loads waited 2.8-7.5 us (tuning/trace_decode.py, T = 8..64), ahead of them
-# they take one round trip. The first blocks still overlap the previous grid (PDL).
+# they take one round trip. So only these first blocks overlap the previous grid under PDL
+# (the quantizers wait for that grid before loading qr).
 WEIGHT_BLOCKS_BEFORE_QR = 1
 BAR_QR_LOADS_ISSUED = 4
 QUANT_LANES = 16  # lanes a (token, 128-K block) unit, 8 values a lane (as kernels/act_quant.py)
@@ -87,9 +88,12 @@ class Sm90SwapABQuantizer:
             regs = regs - t - self.k_blocks
         if cutlass.const_expr(helpers > 1):
             regs = min(regs, self.epilogue_regs)
-        # (any batch: the loop's last one may run past the live units, which are clamped and
-        # not stored; a divisor of the rounds could be 1 where they are prime)
-        batch = min(rounds, max(1, (regs - QUANT_RESERVED_REGS) // 4))
+        # The rounds in batches of even size (with the largest batch that fits, the last
+        # one could be mostly clamped units: 32 rounds in 4 x 10). Any size works: the
+        # loop's last batch may run past the live units, which are clamped and not stored.
+        budget = max(1, (regs - QUANT_RESERVED_REGS) // 4)
+        batches = (rounds + budget - 1) // budget
+        batch = (rounds + batches - 1) // batches
         for first in cutlass.range(0, live_rounds, batch, unroll=1):  # a loop: unrolled it spilled at T = 64
             loaded = []
             for it in cutlass.range_constexpr(batch):
