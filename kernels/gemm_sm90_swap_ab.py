@@ -109,6 +109,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         if config.fused_act_quant:
             k_blocks = k // SCALE_BLOCK_K // config.split_k
             out += k_blocks * t * (SCALE_BLOCK_K + 4) + 1024
+            if cls.stages_qr_by_tma(config):  # the bf16 staging buffer and its two barriers
+                out += k_blocks * t * SCALE_BLOCK_K * 2 + 2048
         return out
 
     @classmethod
@@ -214,8 +216,12 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         tma_w, mW = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), w, cute.slice_(self.w_smem_staged, (None, None, 0)),
             (epi.HEAD_DIM, bk))
-        tma_a, mA = tma_w, mW  # unused with fused_act_quant (the kernel reads qr itself)
+        tma_a, mA = tma_w, mW  # fused_act_quant: qr's staging TMA, or unused (the kernel loads qr)
         tx_bytes = epi.HEAD_DIM * bk
+        if cutlass.const_expr(self.stages_qr_by_tma(self.config)):
+            tma_a, mA = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), act,
+                cute.slice_(self.qr_staging_layout(t, self.k_blocks), (None, None, 0)), (t, bk))
         if cutlass.const_expr(not self.fused):
             tma_a, mA = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), act, cute.slice_(self.b_smem, (None, None, 0)), (t, bk))
@@ -233,6 +239,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         extra = []
         if cutlass.const_expr(self.fused):
             extra = [("sActScale", Float32, self.k_blocks * t)]
+        if cutlass.const_expr(self.stages_qr_by_tma(self.config)):
+            extra += [("qr_mbar", Int64, 2), ("sQr", cutlass.BFloat16, t * bk * self.k_blocks)]
         self.shared_storage = shared_storage(
             stages=stages, split_k=self.split_k, reduce_words=max(1, self._reduce_words(self.config)),
             epi_words=EPI_BUFFERS * t * WORDS_PER_ROW, extra=extra,
@@ -273,9 +281,10 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
             cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        qr_tma = self.stages_qr_by_tma(self.config)
         if warp_idx == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
-            if cutlass.const_expr(not self.fused):
+            if cutlass.const_expr(not self.fused or qr_tma):
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
 
@@ -312,6 +321,15 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
                 for slot in cutlass.range_constexpr(self.split_k - 1):
                     cute.arch.mbarrier_init(reduce_full + slot, 1)
                 cute.arch.mbarrier_init(reduce_free, WARPGROUP)
+        staging = None  # qr_tma: (qr_full, qr_empty, the staging buffer as words)
+        if cutlass.const_expr(qr_tma):
+            qr_full = storage.qr_mbar.data_ptr()
+            if tidx == 0:
+                cute.arch.mbarrier_init(qr_full, 1)
+                cute.arch.mbarrier_init(qr_full + 1, 1)
+            sQrw = cute.make_tensor(cute.recast_ptr(storage.sQr.data_ptr(), dtype=Int32),
+                                    cute.make_layout(t * SCALE_BLOCK_K // 2 * self.k_blocks))
+            staging = (qr_full, qr_full + 1, sQrw)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
         if cutlass.const_expr(self.scatter):
             sReduce = scatter_tensor(storage, self.split_k, t // self.split_k)
@@ -336,14 +354,17 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self._producer(ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params, trace,
-                               cute.arch.lane_idx())
+                sQr = None
+                if cutlass.const_expr(qr_tma):
+                    sQr = storage.sQr.get_tensor(self.qr_staging_layout(t, self.k_blocks))
+                self._producer(ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, sQr, staging, k_begin, sched_params,
+                               trace, cute.arch.lane_idx())
         elif warpgroup >= self.epi_wg:
             self._set_epilogue_registers()
             if cutlass.const_expr(self.fused):
                 sActScale = storage.sActScale.get_tensor(cute.make_layout((self.k_blocks, t), stride=(t, 1)))
-                self._help_quantize_first_tile(act, storage.sB.data_ptr(), sActScale, k_begin, sched_params,
-                                               tidx - (self.epi_wg - 1) * WARPGROUP)
+                self._help_quantize_first_tile(act, storage.sB.data_ptr(), sActScale, staging, k_begin,
+                                               sched_params, tidx - (self.epi_wg - 1) * WARPGROUP)
             if cta_rank == 0 or cutlass.const_expr(self.split_k == 1 or self.scatter):  # who finishes rows
                 self._epilogue(epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
                                positions, cos_sin, out_q, out_scale, act.shape[0])
@@ -352,7 +373,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
             sActScale = None
             if cutlass.const_expr(self.fused):
                 sActScale = storage.sActScale.get_tensor(cute.make_layout((self.k_blocks, t), stride=(t, 1)))
-            args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, storage.sB.data_ptr(), sActScale,
+            args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, storage.sB.data_ptr(), sActScale, staging,
                     tidx - WARPGROUP, k_begin, sched_params, act, a_scale, w_scale, reduce, trace)
             if cutlass.const_expr(self.split_k == 1):
                 self._consumer(*args, role="whole")
@@ -378,7 +399,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         return row0
 
     @cute.jit
-    def _producer(self, ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, k_begin, sched_params, trace, lane):
+    def _producer(self, ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, sQr, staging, k_begin, sched_params, trace,
+                  lane):
         t, bk = self.tile_rows, SCALE_BLOCK_K
         self._stamp(trace, 14, lane)
         one_cta = cute.make_layout(1)
@@ -391,6 +413,13 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
             tAsB, tAgA = cute.nvgpu.cpasync.tma_partition(
                 tma_a, 0, one_cta, cute.group_modes(sB, 0, 2),
                 cute.group_modes(cute.local_tile(mA, (t, bk), (None, None)), 0, 2))
+        qr_tma = staging is not None
+        if cutlass.const_expr(qr_tma):  # (TMA view, token tiles, K blocks) of qr and of its staging buffer
+            tAsB, tAgA = cute.nvgpu.cpasync.tma_partition(
+                tma_a, 0, one_cta, cute.group_modes(sQr, 0, 2),
+                cute.group_modes(cute.local_tile(mA, (t, bk), (None, None)), 0, 2))
+        staged = Int32(0)  # qr_tma: token tiles staged
+        staged_tile = Int32(-1)
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -405,13 +434,23 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
             tWgW_n = tWgW[(None, work.tile_idx[1], None)]
             for kb in cutlass.range_constexpr(early):
                 if cutlass.const_expr(self.fused and kb == before_qr):
-                    self._wait_for_qr_loads()
+                    if cutlass.const_expr(qr_tma):
+                        staged_tile = self._m_tile(work.tile_idx)
+                        self._stage_qr(tma_a, tAgA, tAsB, staging, staged_tile, k_begin, staged)
+                        staged += 1
+                    else:
+                        self._wait_for_qr_loads()
                 ab_pipeline.producer_acquire(state)
                 cute.copy(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)],
                           tma_bar_ptr=ab_pipeline.producer_get_barrier(state))
                 state.advance()
             if cutlass.const_expr(self.fused and before_qr == early):
-                self._wait_for_qr_loads()
+                if cutlass.const_expr(qr_tma):
+                    staged_tile = self._m_tile(work.tile_idx)
+                    self._stage_qr(tma_a, tAgA, tAsB, staging, staged_tile, k_begin, staged)
+                    staged += 1
+                else:
+                    self._wait_for_qr_loads()
         if cutlass.const_expr(self.config.pdl):
             cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not self.fused):
@@ -426,6 +465,11 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
             tile = work.tile_idx
             tWgW_n = tWgW[(None, tile[1], None)]
             tAgA_m = tAgA[(None, self._m_tile(tile), None)]
+            if cutlass.const_expr(qr_tma):
+                if self._m_tile(tile) != staged_tile:  # a later token tile (the first was staged above)
+                    staged_tile = self._m_tile(tile)
+                    self._stage_qr(tma_a, tAgA, tAsB, staging, staged_tile, k_begin, staged)
+                    staged += 1
             for kb in range(first, self.k_blocks):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
@@ -441,8 +485,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         ab_pipeline.producer_tail(state)
 
     @cute.jit
-    def _consumer(self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, sB_ptr, sActScale, ctidx, k_begin,
-                  sched_params, act, a_scale, w_scale, reduce, trace, role: cutlass.Constexpr):
+    def _consumer(self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, sB_ptr, sActScale, staging, ctidx,
+                  k_begin, sched_params, act, a_scale, w_scale, reduce, trace, role: cutlass.Constexpr):
         """role: "whole" (all K blocks), or in a K split "reduce" (rank 0: adds the other
         ranks' partial tiles, then hands the tile to the epilogue), "send" (ranks 1..) or
         "scatter" (every rank: reduce-scatter, then hands its T / S rows to its epilogue)."""
@@ -482,6 +526,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, EPI_BUFFERS)
         tiles_done = Int32(0)
         quantized = Int32(-1)  # the token tile whose activation is in shared memory
+        tiles_quantized = Int32(0)
         while work.is_valid_tile:
             tile = work.tile_idx
             head = tile[1]
@@ -494,10 +539,13 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
             if cutlass.const_expr(self.fused):
                 if m_tile != quantized:
                     if tiles_done == 0:
-                        self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1 + self.epi_wgs)
+                        self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1 + self.epi_wgs,
+                                            staging, tiles_quantized)
                     else:
-                        self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1)
+                        self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1, staging,
+                                            tiles_quantized)
                     quantized = m_tile
+                    tiles_quantized += 1
             if tiles_done == 0:
                 self._stamp(trace, 3, ctidx)
             acc.fill(0.0)
