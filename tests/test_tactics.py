@@ -31,6 +31,20 @@ def test_heuristic_is_always_a_valid_candidate(m, n, k):
     assert len(set(cands)) == len(cands) > 1
 
 
+def test_swap_ab_limits_match_the_kernel():
+    """The host's copies of the sm_90a swapped-A/B kernel's tile limits (the heuristic and
+    the candidates use them without importing the kernel)."""
+    from indexer_q import tactics
+    from indexer_q.kernels import gemm_sm90_swap_ab, swap_ab_quant_sm90
+
+    assert tactics.SWAP_AB_PIPELINED_MAX_TILE == gemm_sm90_swap_ab.PIPELINED_MAX_TILE
+    assert tactics.SWAP_AB_QR_STAGED_MAX_TILE == swap_ab_quant_sm90.QR_TMA_MAX_TILE
+    # where the kernel stages qr and the heads fill half the SMs, the heuristic does not split K
+    assert heuristic("sm_90a", 16, 8192, 1536).split_k == 1
+    assert heuristic("sm_90a", 32, 8192, 1536).split_k == 2
+    assert heuristic("sm_90a", 16, 1024, 1536).split_k == 4
+
+
 def test_valid_tactics_come_from_can_implement():
     # 9 heads: no cluster of 2 along N; no kernel at all for a K that is not a multiple of 128
     assert all(t.cluster_n == 1 for t in valid_tactics("sm_90a", 4096, 9 * 128, 1536))

@@ -51,8 +51,9 @@ def measure(m: int, n: int, k: int, tactic, bw: float) -> dict:
     dummy = torch.zeros(16, dtype=torch.int32, device="cuda")
     probe = dataclasses.replace(tactic, epilogue=False)
     calls = {"empty": lambda i: empty(dummy)}
-    # one K block cannot be split: the K = 128 probe runs unsplit
-    for name, kk, t in (("probe_k128", 128, dataclasses.replace(probe, split_k=1)), ("probe", k, probe),
+    # one K block can be neither split nor pipelined: the K = 128 probe runs without both
+    one_block = dataclasses.replace(probe, split_k=1, pipelined_promotion=False)
+    for name, kk, t in (("probe_k128", 128, one_block), ("probe", k, probe),
                         ("full", k, tactic)):
         sets = cold_input_sets(m, n, kk, n_cold_sets(m, n, kk))
         ws = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]

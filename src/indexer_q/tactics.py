@@ -107,6 +107,8 @@ def kernel_class(arch: str, kind: str = "native"):
 SWAP_AB_MAX_M = 256  # swapped-A/B tactics are offered up to here (decode and small batches)
 SWAP_AB_HEURISTIC_MAX_M = 32  # and chosen by the heuristic up to here
 SWAP_AB_PIPELINED_MAX_TILE = 32  # the sm_90a kernel's limit for pipelined_promotion (its registers)
+SWAP_AB_QR_STAGED_MAX_TILE = 16  # the sm_90a kernel's fused quantizer stages qr by TMA up to here (QR_TMA_MAX_TILE)
+SWAP_AB_UNSPLIT_MIN_HEADS = 64  # with qr staged, no K split from here (measured at 64 heads; 8 keep it)
 
 
 def swap_ab_tile(m: int) -> int:
@@ -200,10 +202,15 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
         # V4-Pro M = 16 6.94 us against 7.18 with one, TP8 4.34 against 4.45), and up to
         # 32-token tiles each block's promotion under the next block's WGMMAs (the tuner's
         # timings, fourth session: within 0-8% of the fastest candidate at M <= 32 on the
-        # four H200 tables, against 3-14% without it).
+        # four H200 tables, against 3-14% without it). No K split for tiles whose qr the
+        # kernel stages by TMA where the heads alone fill about half the SMs: one CTA a head then
+        # streams the weight at copy speed and skips the reduction (H200, fifth session:
+        # V4-Pro M = 13 6.38 us against 6.56 split in 2, V4-Flash M = 16 4.93 against 5.47).
         heads = n // 128
-        split = max(s for s in (1, 2, 4) if (k // 128) % s == 0 and heads * s <= SM90_SMS)
         tile = swap_ab_tile(m)
+        split = max(s for s in (1, 2, 4) if (k // 128) % s == 0 and heads * s <= SM90_SMS)
+        if tile <= SWAP_AB_QR_STAGED_MAX_TILE and heads >= SWAP_AB_UNSPLIT_MIN_HEADS:
+            split = 1
         pipelined = tile <= SWAP_AB_PIPELINED_MAX_TILE and (k // 128) % 2 == 0  # GemmConfig: an even K-block count
         return Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=True,
                       epilogue_warpgroups=2, pipelined_promotion=pipelined)
