@@ -36,6 +36,7 @@ SM90_CASES = [
     dict(tile_m=16, fused_act_quant=True, split_k=2, epilogue_warpgroups=2),
     dict(tile_m=16, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True),
     dict(tile_m=32, fused_act_quant=False, split_k=4, pipelined_promotion=True),
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True),
 ]
 
 
@@ -65,11 +66,30 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
     assert "m64n128k32" not in ptx  # not the native kernel's shape
     flat = " ".join(ptx.split())
     assert ("st.async.shared::cluster" in flat) == (cfg.split_k > 1)
-    if cfg.fused_act_quant:  # qr's 16-byte loads and the e4m3 conversion, no activation TMA
-        assert "ld.global.nc.v4.f32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    if cfg.fused_act_quant:  # the e4m3 conversion in the kernel
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
         assert "griddepcontrol.launch_dependents" in ptx  # lets the next grid start early (PDL)
+    if cfg.fused_act_quant and Sm90SwapABFusedIndexerQ.stages_qr_by_tma(cfg):
+        # qr by TMA into the staging buffer (a box a K block, beside the weight's), read back
+        # 16 bytes at a time; no 16-byte global loads of it (the epilogue's cos/sin may have some)
+        assert ptx.count("ld.global.nc.v4.f32") <= 2 and ptx.count("ld.shared.v4") >= 8
+    elif cfg.fused_act_quant:  # qr's 16-byte global loads
+        assert ptx.count("ld.global.nc.v4.f32") > 8
     if shutil.which("ptxas"):
         assert _spills(ck, "sm_90a") == 0
+
+
+@pytest.mark.parametrize("m,n,k", [(16, 8192, 4096), (16, 8192, 8192)])
+def test_sm90_heuristic_compiles_at_large_k(m, n, k, tmp_path):
+    """Where the staged qr does not fit the shared memory unsplit (large K), the heuristic
+    falls back (a split, or the separate quantizer) to a tactic that compiles."""
+    from indexer_q.tactics import heuristic
+
+    tactic = heuristic("sm_90a", m, n, k)
+    cfg = tactic.to_config("sm_90a", hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4",
+                           positions_dtype="int64")
+    ck = jit.compile_fused(cfg, n, k, keep_dir=str(tmp_path))
+    assert "wgmma.mma_async" in _ptx(ck)
 
 
 @pytest.mark.parametrize("out_format,hadamard", [("mxfp4", True), ("fp8", False), ("fp8", True)])

@@ -21,10 +21,13 @@ def test_tactic_is_frozen_named_and_round_trips():
 
 
 @pytest.mark.parametrize("m", [1, 16, 32, 64, 65, 4096, 16384])
-@pytest.mark.parametrize("n,k", [(8192, 1536), (1024, 1024), (2048, 1536), (8192, 1152), (1024, 384)])
+@pytest.mark.parametrize("n,k", [(8192, 1536), (1024, 1024), (2048, 1536), (8192, 1152), (1024, 384),
+                                 (8192, 4096), (9216, 4096), (8192, 8192), (1024, 16384), (32768, 1536)])
 def test_heuristic_is_always_a_valid_candidate(m, n, k):
     """Odd K-block counts (1152 = 9 x 128, 384 = 3 x 128) included: the pipelined promotion
-    the heuristic takes up to 32 tokens needs an even count."""
+    the heuristic takes up to 32 tokens needs an even count. Large K: the swapped-A/B
+    kernel's resident quantized tile and qr staging buffer grow with K (the heuristic falls
+    back to a larger split, then the separate quantizer); 256 heads: more than the SMs."""
     cands = valid_tactics("sm_90a", m, n, k)
     assert cands[0] == heuristic("sm_90a", m, n, k)
     assert can_run("sm_90a", cands[0], n, k), cands[0]

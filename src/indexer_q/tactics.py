@@ -8,6 +8,7 @@ where it compiles; the heuristic's choice is always one of them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -184,6 +185,27 @@ def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
 SM90_SMS = 132  # H100 / H200 SXM; the heuristic only needs the order of magnitude
 
 
+@functools.lru_cache(maxsize=None)
+def _swap_ab_heuristic(tile: int, n: int, k: int) -> Tactic | None:
+    """The decode heuristic's swapped-A/B tactic for a token tile at (N, K): the preferred K
+    split first; where that does not fit the kernel's shared memory (at a large K the
+    resident quantized tile and the qr staging buffer grow with it), the next split, then
+    the separate quantizer; None where no swapped-A/B tactic runs (native tiles then).
+    Cached: `can_run` is arithmetic, but the heuristic runs on every call without a table."""
+    heads = n // 128
+    splits = [s for s in (4, 2, 1) if (k // 128) % s == 0 and heads * s <= SM90_SMS] or [1]
+    if tile <= SWAP_AB_QR_STAGED_MAX_TILE and heads >= SWAP_AB_UNSPLIT_MIN_HEADS:
+        splits = [1] + [s for s in reversed(splits) if s != 1]
+    pipelined = tile <= SWAP_AB_PIPELINED_MAX_TILE and (k // 128) % 2 == 0  # GemmConfig: an even K-block count
+    for fused in (True, False):
+        for split in splits:
+            tactic = Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=fused,
+                            epilogue_warpgroups=2, pipelined_promotion=pipelined)
+            if can_run("sm_90a", tactic, n, k):
+                return tactic
+    return None
+
+
 def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
     """The default without a tuned table. sm_90a: 64-row tiles (one consumer warpgroup)
     while 128-row tiles would fill at most half the SMs, 128-row tiles otherwise. That is
@@ -206,14 +228,9 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
         # kernel stages by TMA where the heads alone fill about half the SMs: one CTA a head then
         # streams the weight at copy speed and skips the reduction (H200, fifth session:
         # V4-Pro M = 13 6.38 us against 6.56 split in 2, V4-Flash M = 16 4.93 against 5.47).
-        heads = n // 128
-        tile = swap_ab_tile(m)
-        split = max(s for s in (1, 2, 4) if (k // 128) % s == 0 and heads * s <= SM90_SMS)
-        if tile <= SWAP_AB_QR_STAGED_MAX_TILE and heads >= SWAP_AB_UNSPLIT_MIN_HEADS:
-            split = 1
-        pipelined = tile <= SWAP_AB_PIPELINED_MAX_TILE and (k // 128) % 2 == 0  # GemmConfig: an even K-block count
-        return Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=True,
-                      epilogue_warpgroups=2, pipelined_promotion=pipelined)
+        decode = _swap_ab_heuristic(swap_ab_tile(m), n, k)
+        if decode is not None:
+            return decode
     tiles_of_128 = -(-m // 128) * (n // 128)
     # Two epilogue warpgroups: on the H200 faster at every M for 64-row tiles (0.4-1 us
     # at M <= 128) and for 128-row tiles but at V4-Pro M >= 4096 (3% slower there, which
