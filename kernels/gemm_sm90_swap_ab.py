@@ -41,12 +41,12 @@ from . import epilogue as epi
 from .epilogue_sm90 import Sm90EpilogueRoles
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROUP, WORDS_PER_ROW, Sm90KernelBase,
-                         add_partials, gather_partials, issue_wgmmas, reduce_tensor, scatter_partial,
-                         scatter_tensor, send_partial, shared_storage, swizzled_word)
+                         add_partials, gather_partials, reduce_tensor, scatter_partial,
+                         scatter_tensor, send_partial, shared_storage)
+from .swap_ab_kloop_sm90 import PIPELINED_MAX_TILE, TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
 from .swap_ab_quant_sm90 import WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
 
 TOKEN_TILES = (8, 16, 32, 64)
-PIPELINED_MAX_TILE = 32  # at 64 tokens two partials and the accumulator take 192 registers
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
 # trace (probe only): int64 slots a CTA in the q output. Consumer: 0 globaltimer at its
 # start, 1 clock64 at its start, 2 after the PDL wait, 3 first tile quantized, 4..9 first
@@ -55,7 +55,7 @@ LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles
 TRACE_SLOTS = 16
 
 
-class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90KernelBase):
+class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90KernelBase):
     supported_kinds = ("swap_ab",)
     split_k_choices = (1, 2, 3, 4, 6, 8)  # a cluster of up to 8 CTAs shares a head's K blocks
     epilogue_warpgroup_choices = (1, 2)
@@ -70,9 +70,11 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
             out.append("swap_ab has no multicast cluster (its cluster is the K split)")
         if config.mma_per_promotion != 4:
             out.append("swap_ab promotes once per 128-K block (mma_per_promotion=4)")
+        if config.pipelined_promotion and config.tile_m > TWO_PARTIALS_MAX_TILE and not config.fused_act_quant:
+            out.append("swap_ab pipelined_promotion at 64 tokens needs fused_act_quant (the separate quantizer's "
+                       "scales a block ahead spill there)")
         if config.pipelined_promotion and config.tile_m > PIPELINED_MAX_TILE:
-            out.append(f"swap_ab pipelined_promotion needs tile_m <= {PIPELINED_MAX_TILE} (a second partial "
-                       "accumulator of tile_m values a thread)")
+            out.append(f"swap_ab pipelined_promotion needs tile_m <= {PIPELINED_MAX_TILE}")
         return out
 
     @classmethod
@@ -134,6 +136,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         self.tc_hadamard = False
         self.fused = config.fused_act_quant
         self.scatter = self.reduce_scatters(config)
+        self.two_partials = config.pipelined_promotion and config.tile_m <= TWO_PARTIALS_MAX_TILE
         self._setup_roles(LANES_PER_ROW)
 
     def operand_args(self, m, n: int, k: int) -> list:
@@ -432,7 +435,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         a_state = state.clone()
         if work.is_valid_tile:
             tWgW_n = tWgW[(None, work.tile_idx[1], None)]
-            for kb in cutlass.range_constexpr(early):
+            for kb in cutlass.range_constexpr(early + 1):  # the qr step once, before block before_qr
                 if cutlass.const_expr(self.fused and kb == before_qr):
                     if cutlass.const_expr(qr_tma):
                         staged_tile = self._m_tile(work.tile_idx)
@@ -440,17 +443,11 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
                         staged += 1
                     else:
                         self._wait_for_qr_loads()
-                ab_pipeline.producer_acquire(state)
-                cute.copy(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)],
-                          tma_bar_ptr=ab_pipeline.producer_get_barrier(state))
-                state.advance()
-            if cutlass.const_expr(self.fused and before_qr == early):
-                if cutlass.const_expr(qr_tma):
-                    staged_tile = self._m_tile(work.tile_idx)
-                    self._stage_qr(tma_a, tAgA, tAsB, staging, staged_tile, k_begin, staged)
-                    staged += 1
-                else:
-                    self._wait_for_qr_loads()
+                if cutlass.const_expr(kb < early):
+                    ab_pipeline.producer_acquire(state)
+                    cute.copy(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)],
+                              tma_bar_ptr=ab_pipeline.producer_get_barrier(state))
+                    state.advance()
         if cutlass.const_expr(self.config.pdl):
             cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not self.fused):
@@ -497,13 +494,12 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
         acc_shape = thr_mma.partition_shape_C((epi.HEAD_DIM, t))
         acc = cute.make_rmem_tensor(acc_shape, Float32)
         partial = cute.make_rmem_tensor(acc_shape, Float32)
-        partial2 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.pipelined_promotion else None
+        partial2 = cute.make_rmem_tensor(acc_shape, Float32) if self.two_partials else None
         groups = t // 8  # token groups of 8 the hand-off takes
         mine = acc
         if cutlass.const_expr(role == "scatter"):
             groups = t // 8 // self.split_k
             mine = cute.make_rmem_tensor(cute.make_layout(t // self.split_k), Float32)
-        mma_per_stage = cute.size(tCrA, mode=[2])
         m = act.shape[0]
         self._stamp(trace, 0, ctidx, global_timer=True)
         self._stamp(trace, 1, ctidx)
@@ -549,40 +545,18 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
             if tiles_done == 0:
                 self._stamp(trace, 3, ctidx)
             acc.fill(0.0)
-            if cutlass.const_expr(pipelined):
+            if cutlass.const_expr(pipelined and t > TWO_PARTIALS_MAX_TILE):
+                read_state, tiled_mma = self._k_loop_halves(
+                    ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, w_scales, sActScale,
+                    a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done)
+            elif cutlass.const_expr(pipelined):
                 read_state, tiled_mma = self._k_loop_pipelined(
                     ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, (partial, partial2), w_scales, sActScale,
                     a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done)
             else:
-                # The block's scale per token column of this thread; from global memory (the
-                # separate quantizer's) loaded one block ahead up to 32-token tiles, so their
-                # latency hides under the previous block's WGMMAs (at 64 tokens the 16 extra
-                # registers made the K split's consumer spill: loaded in the block there).
-                ahead_loads = not self.fused and t <= 32
-                nxt_sa = [Float32(1.0) for _ in tokens]
-                nxt_sw = w_scale[head, k_begin]
-                if cutlass.const_expr(ahead_loads):
-                    nxt_sa = [a_scale[cutlass.min(row0 + tok, m - 1), k_begin] for tok in tokens]
-                for kb in range(self.k_blocks):
-                    kt = k_begin + kb
-                    if cutlass.const_expr(self.fused):
-                        scales = [nxt_sw * sActScale[kb, tok] for tok in tokens]
-                    elif cutlass.const_expr(ahead_loads):
-                        scales = [nxt_sw * sa for sa in nxt_sa]
-                        ahead = k_begin + cutlass.min(kb + 1, self.k_blocks - 1)
-                        nxt_sa = [a_scale[cutlass.min(row0 + tok, m - 1), ahead] for tok in tokens]
-                    else:
-                        scales = [nxt_sw * a_scale[cutlass.min(row0 + tok, m - 1), kt] for tok in tokens]
-                    nxt_sw = w_scale[head, k_begin + cutlass.min(kb + 1, self.k_blocks - 1)]
-                    ab_pipeline.consumer_wait(read_state)
-                    if tiles_done == 0 and kb < 6:
-                        self._stamp(trace, 4 + kb, ctidx)
-                    tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(mma_per_stage), read_state.index,
-                                             stage_b=kb if self.fused else None)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    ab_pipeline.consumer_release(read_state)
-                    self._promote(acc, partial, scales)
-                    read_state.advance()
+                read_state, tiled_mma = self._k_loop_plain(
+                    ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, w_scale, sActScale, a_scale,
+                    head, row0, m, tokens, k_begin, trace, ctidx, tiles_done)
             if tiles_done == 0:
                 self._stamp(trace, 10, ctidx)
             if cutlass.const_expr(role == "send"):
@@ -610,54 +584,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
             cute.arch.mbarrier_wait(reduce[1], (tiles_done & 1) ^ 1)
 
     @cute.jit
-    def _k_loop_pipelined(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partials, w_scales,
-                          sActScale, a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done):
-        """The tile's K blocks with block kb's promotion under block kb+1's WGMMAs: the
-        blocks alternate between the two partials, a block's scales are read when its
-        WGMMAs are issued and used once they complete. Unrolled (K is a compile-time
-        constant): no WGMMA is in flight across a loop back-edge."""
-        mma_per_stage = cute.size(tCrA, mode=[2])
-        issue_state = read_state.clone()
-        ab_pipeline.consumer_wait(issue_state)
-        if tiles_done == 0:
-            self._stamp(trace, 4, ctidx)
-        tiled_mma = issue_wgmmas(tiled_mma, partials[0], tCrA, tCrB, range(mma_per_stage), issue_state.index,
-                                 stage_b=0 if self.fused else None)
-        issue_state.advance()
-        scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
-        for kb in cutlass.range_constexpr(self.k_blocks):
-            upcoming = scales
-            if cutlass.const_expr(kb + 1 < self.k_blocks):
-                ab_pipeline.consumer_wait(issue_state)
-                if cutlass.const_expr(kb + 1 < 6):
-                    if tiles_done == 0:
-                        self._stamp(trace, 5 + kb, ctidx)
-                tiled_mma = issue_wgmmas(tiled_mma, partials[(kb + 1) % 2], tCrA, tCrB, range(mma_per_stage),
-                                         issue_state.index, stage_b=kb + 1 if self.fused else None)
-                issue_state.advance()
-                upcoming = self._block_scales(kb + 1, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
-                cute.nvgpu.warpgroup.wait_group(1)
-            else:
-                cute.nvgpu.warpgroup.wait_group(0)
-            ab_pipeline.consumer_release(read_state)
-            read_state.advance()
-            self._promote(acc, partials[kb % 2], scales)
-            scales = upcoming
-        return read_state, tiled_mma
-
-    def _block_scales(self, kb, w_scales, sActScale, a_scale, row0, m, tokens, k_begin):
-        """Block kb's scale per token column of this thread (weight x activation)."""
-        if cutlass.const_expr(self.fused):
-            return [w_scales[kb] * sActScale[kb, tok] for tok in tokens]
-        return [w_scales[kb] * a_scale[cutlass.min(row0 + tok, m - 1), k_begin + kb] for tok in tokens]
-
-    def _promote(self, acc, partial, scales):
-        t = self.tile_rows
-        for i in range(cute.size(acc)):  # straight-line code (a plain method: not rewritten)
-            col = (i % (t // 2)) // 4 * 2 + i % 2  # (j, v) of value i
-            acc[i] = acc[i] + partial[i] * scales[col]
-
-    @cute.jit
     def _stamp(self, trace, slot, thread, global_timer: cutlass.Constexpr = False):
         """Trace probes only: thread 0 of a role writes the SM clock (or the global ns
         timer) into its CTA's slot. No code when the kernel is not traced."""
@@ -667,20 +593,3 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABQuantizer, Sm90EpilogueRoles, Sm90Kernel
                     trace[slot] = cute.arch.globaltimer()
                 else:
                     trace[slot] = cute.arch.clock64()
-
-    def _hand_to_epilogue(self, acc, epi_pipeline, epi_state, sQ16, dim0, quad_lane, groups):
-        """The finished tile (`groups` groups of 8 tokens: the whole tile, or this rank's
-        slice of it) to the epilogue as bf16 (SPEC step 2's rounding), transposed: the
-        hand-off buffer holds token rows, as the native kernel's does."""
-        epi_pipeline.producer_acquire(epi_state)
-        for mi in range(2):
-            for h in range(2):
-                d = 64 * mi + 8 * h + dim0
-                for j in range(groups):
-                    i = 4 * j + 2 * h + 4 * groups * mi
-                    word = epi.bf16x2_word(acc[i], acc[i + 1])  # tokens 8j + 2q (low) and + 1
-                    for v in range(2):
-                        tok = 8 * j + 2 * quad_lane + v
-                        half = swizzled_word(tok, d >> 1) * 2 + (d & 1)
-                        sQ16[epi_state.index, tok, half] = cutlass.Int16(word >> (16 * v))
-        epi_pipeline.producer_commit(epi_state)

@@ -6,9 +6,11 @@ straight into the swizzled B layout the WGMMAs read, with the scales beside it i
 memory. The first tile is quantized by the consumer and the epilogue warpgroups together
 (the epilogue is idle until then); a later token tile by the consumer alone.
 
-Its loads of qr go first: the producer requests WEIGHT_BLOCKS_BEFORE_QR weight blocks and
-then waits until the quantizers have issued their first loads (named barrier
-BAR_QR_LOADS_ISSUED), so those loads do not queue behind the weight's stream.
+Its loads of qr go first, so they do not queue behind the weight's stream: the producer
+requests WEIGHT_BLOCKS_BEFORE_QR weight blocks, then either brings the tile's qr rows into
+shared memory by TMA itself (tiles up to QR_TMA_MAX_TILE) or, for larger tiles whose
+quantizers load qr themselves, waits until they have issued their first loads (named
+barrier BAR_QR_LOADS_ISSUED) before requesting the rest.
 """
 from __future__ import annotations
 
@@ -122,8 +124,8 @@ class Sm90SwapABQuantizer:
         # Units loaded at once: each load is a DRAM round trip, so as many as the registers
         # beside the accumulators hold (4 a unit; one batch up to T = 32 at split 2).
         regs = self.consumer_regs - 2 * t
-        if cutlass.const_expr(self.config.pipelined_promotion):  # the second partial, the weight's scales
-            regs = regs - t - self.k_blocks
+        if cutlass.const_expr(self.config.pipelined_promotion):  # the weight's scales (and a second partial)
+            regs = regs - self.k_blocks - (t if self.two_partials else 0)
         if cutlass.const_expr(helpers > 1):
             regs = min(regs, self.epilogue_regs)
         # The rounds in batches of even size (with the largest batch that fits, the last

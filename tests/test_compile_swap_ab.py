@@ -37,6 +37,7 @@ SM90_CASES = [
     dict(tile_m=16, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True),
     dict(tile_m=32, fused_act_quant=False, split_k=4, pipelined_promotion=True),
     dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True),
+    dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True),
 ]
 
 
@@ -59,10 +60,12 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
         assert " ".join(ptx.split()).count("st.async.shared::cluster") == cfg.tile_m // 4
     # pipelined: the K loop unrolled (K = 1536: 12 blocks over the split), one wait for all
     # but the newest group between blocks
+    # (64 tokens: each block's two m64 halves are commit groups of their own, two waits a block)
     blocks = 12 // cfg.split_k if cfg.pipelined_promotion else 1
     assert ptx.count(wgmma) == 8 * blocks * roles, ptx.count(wgmma)
     if cfg.pipelined_promotion:
-        assert len(re.findall(r"wgmma.wait_group.sync.aligned\s+1;", ptx)) == (blocks - 1) * roles
+        waits = 2 * blocks - 1 if cfg.tile_m > 32 else blocks - 1
+        assert len(re.findall(r"wgmma.wait_group.sync.aligned\s+1;", ptx)) == waits * roles
     assert "m64n128k32" not in ptx  # not the native kernel's shape
     flat = " ".join(ptx.split())
     assert ("st.async.shared::cluster" in flat) == (cfg.split_k > 1)
@@ -132,8 +135,10 @@ def test_swap_ab_limits():
     assert not S90.can_implement(GemmConfig(tile_m=64, split_k=6, fused_act_quant=True, **sw), 1024, 1536)
     assert S90.can_implement(GemmConfig(tile_m=64, split_k=8, fused_act_quant=True, **sw), 1024, 1024)
     assert not S90.can_implement(GemmConfig(tile_m=16), 8192, 1536)  # kind native
-    # a second partial accumulator fits up to 32-token tiles
+    # a second partial accumulator fits up to 32-token tiles; at 64 the m64 halves pipeline,
+    # with the fused quantizer only (the separate one's scales a block ahead spill there)
     assert S90.can_implement(GemmConfig(tile_m=32, pipelined_promotion=True, **sw), 8192, 1536)
+    assert S90.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, fused_act_quant=True, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, **sw), 8192, 1536)
     # the phase-clock trace is a swap_ab probe's (it writes into the q output)
     assert S90.can_implement(GemmConfig(tile_m=16, epilogue=False, trace=True, **sw), 8192, 1536)

@@ -107,7 +107,7 @@ def kernel_class(arch: str, kind: str = "native"):
 
 SWAP_AB_MAX_M = 256  # swapped-A/B tactics are offered up to here (decode and small batches)
 SWAP_AB_HEURISTIC_MAX_M = 32  # and chosen by the heuristic up to here
-SWAP_AB_PIPELINED_MAX_TILE = 32  # the sm_90a kernel's limit for pipelined_promotion (its registers)
+SWAP_AB_PIPELINED_MAX_TILE = 64  # the sm_90a kernel's limit for pipelined_promotion (PIPELINED_MAX_TILE)
 SWAP_AB_QR_STAGED_MAX_TILE = 16  # the sm_90a kernel's fused quantizer stages qr by TMA up to here (QR_TMA_MAX_TILE)
 SWAP_AB_UNSPLIT_MIN_HEADS = 64  # with qr staged, no K split from here (measured at 64 heads; 8 keep it)
 
@@ -124,7 +124,8 @@ def _swap_ab_candidates(m: int, n: int, k: int):
     K split over a cluster of 1, 2, 4 CTAs, and 3, 6 or 8 for few heads (TP8: 8 heads on
     132 SMs); a second epilogue warpgroup where a tile has 32 rows or more (below that one
     warpgroup's 16-row pass already covers it) or where it helps quantize the first tile;
-    up to 32-token tiles, each block's promotion under the next block's WGMMAs as well."""
+    each block's promotion under the next block's WGMMAs as well (64-token tiles: with the
+    fused quantizer only; the kernel's config_problems rejects the rest)."""
     tile = swap_ab_tile(m)
     heads = n // 128
     splits = [s for s in (1, 2, 3, 4, 6, 8) if (k // 128) % s == 0 and (s in (1, 2, 4) or heads <= 16)]
@@ -134,6 +135,20 @@ def _swap_ab_candidates(m: int, n: int, k: int):
             continue
         yield Tactic(kind="swap_ab", tile_m=tile, split_k=split, epilogue_warpgroups=ewg, fused_act_quant=fused,
                      pipelined_promotion=pipe)
+    # Smaller token tiles than M needs: more CTAs quantize, multiply and run the epilogue
+    # on fewer tokens each, at the cost of reading a head's weight once per tile (from L2
+    # after the first). On the H200 they won at M = 64-128 (V4-Flash M = 128: 9.1 us with
+    # 32-token tiles against 11.0 native; TP8 M = 64: 5.9 against 9.6). Only the knobs that
+    # win at decode (fused quantizer, two epilogue warpgroups, pipelined promotion), and at
+    # most two rounds of CTAs.
+    small = tile // 2
+    while small >= 8:
+        units = -(-m // small) * heads
+        for split in splits:
+            if units * split <= 2 * SM90_SMS:
+                yield Tactic(kind="swap_ab", tile_m=small, split_k=split, epilogue_warpgroups=2,
+                             fused_act_quant=True, pipelined_promotion=True)
+        small //= 2
 
 
 def _candidates():
@@ -196,8 +211,10 @@ def _swap_ab_heuristic(tile: int, n: int, k: int) -> Tactic | None:
     splits = [s for s in (4, 2, 1) if (k // 128) % s == 0 and heads * s <= SM90_SMS] or [1]
     if tile <= SWAP_AB_QR_STAGED_MAX_TILE and heads >= SWAP_AB_UNSPLIT_MIN_HEADS:
         splits = [1] + [s for s in reversed(splits) if s != 1]
-    pipelined = tile <= SWAP_AB_PIPELINED_MAX_TILE and (k // 128) % 2 == 0  # GemmConfig: an even K-block count
+    even_blocks = (k // 128) % 2 == 0  # GemmConfig: pipelined_promotion needs an even K-block count
     for fused in (True, False):
+        # 64-token tiles pipeline their promotion with the fused quantizer only
+        pipelined = even_blocks and tile <= SWAP_AB_PIPELINED_MAX_TILE and (fused or tile <= 32)
         for split in splits:
             tactic = Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=fused,
                             epilogue_warpgroups=2, pipelined_promotion=pipelined)
