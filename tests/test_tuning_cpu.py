@@ -36,11 +36,11 @@ def test_rechoose_rederives_entries_from_recorded_timings(tmp_path):
     """--rechoose applies the current rule to a table's own timings, nothing else."""
     from indexer_q import table as tables
 
-    a, b = Tactic(tile_m=64, epilogue_warpgroups=2), Tactic(tile_m=64, cluster_m=2, epilogue_warpgroups=2)
-    assert tune.heuristic("sm_90a", 64, 8192, 1536) == a
-    meta = {"gpu": "NVIDIA H200", "timings_us": {"64": {str(a.as_dict()): 10.8, str(b.as_dict()): 10.6}}}
+    a, b = Tactic(tile_m=128, epilogue_warpgroups=2), Tactic(tile_m=128, cluster_n=2, epilogue_warpgroups=2)
+    assert tune.heuristic("sm_90a", 256, 8192, 1536) == a
+    meta = {"gpu": "NVIDIA H200", "timings_us": {"256": {str(a.as_dict()): 10.8, str(b.as_dict()): 10.6}}}
     path = tmp_path / "t.json"
-    tables.write_table(path, meta, [{"n": 8192, "k": 1536, "m_max": 64, "tactic": b}])
+    tables.write_table(path, meta, [{"n": 8192, "k": 1536, "m_max": 256, "tactic": b}])
     tune.rechoose(path)
     doc = json.loads(path.read_text())
     assert doc["metadata"] == meta and Tactic.from_dict(doc["entries"][0]["tactic"]) == a

@@ -106,7 +106,7 @@ def kernel_class(arch: str, kind: str = "native"):
 
 
 SWAP_AB_MAX_M = 256  # swapped-A/B tactics are offered up to here (decode and small batches)
-SWAP_AB_HEURISTIC_MAX_M = 32  # and chosen by the heuristic up to here
+SWAP_AB_HEURISTIC_MAX_M = 128  # and chosen by the heuristic up to here (few heads: up to SWAP_AB_MAX_M)
 SWAP_AB_PIPELINED_MAX_TILE = 64  # the sm_90a kernel's limit for pipelined_promotion (PIPELINED_MAX_TILE)
 SWAP_AB_QR_STAGED_MAX_TILE = 16  # the sm_90a kernel's fused quantizer stages qr by TMA up to here (QR_TMA_MAX_TILE)
 SWAP_AB_UNSPLIT_MIN_HEADS = 64  # with qr staged, no K split from here (measured at 64 heads; 8 keep it)
@@ -200,15 +200,42 @@ def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
 SM90_SMS = 132  # H100 / H200 SXM; the heuristic only needs the order of magnitude
 
 
+def _decode_token_tile(m: int, heads: int) -> int:
+    """The heuristic's token tile. Many heads (64: V4) fill about half the SMs with one CTA
+    a head: the tile that holds M up to 32 tokens, 32-token tiles above (H200 tables, sixth
+    session: V4-Flash M = 128 9.1 us against 11.0 with 64-token tiles). Few heads (TP8's 8):
+    the smallest tile whose CTAs fit one round, so that more SMs quantize, multiply and
+    run the epilogue (TP8 M = 64: 8- or 16-token tiles 4.9 us against 9.6 before)."""
+    if heads * 4 > SM90_SMS:
+        return min(32, swap_ab_tile(m))
+    tile = 8
+    while tile < swap_ab_tile(m) and -(-m // tile) * heads > SM90_SMS:
+        tile *= 2
+    return tile
+
+
 @functools.lru_cache(maxsize=None)
-def _swap_ab_heuristic(tile: int, n: int, k: int) -> Tactic | None:
-    """The decode heuristic's swapped-A/B tactic for a token tile at (N, K): the preferred K
-    split first; where that does not fit the kernel's shared memory (at a large K the
-    resident quantized tile and the qr staging buffer grow with it), the next split, then
-    the separate quantizer; None where no swapped-A/B tactic runs (native tiles then).
-    Cached: `can_run` is arithmetic, but the heuristic runs on every call without a table."""
+def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int) -> Tactic | None:
+    """The decode heuristic's swapped-A/B tactic for `token_tiles` tiles of `tile` tokens at
+    (N, K): the preferred K split first (the largest whose CTAs fit one round, none for
+    staged tiles at many heads); where that does not fit the kernel's shared memory (at a
+    large K the resident quantized tile and the qr staging buffer grow with it), the next
+    split, then the separate quantizer; None where no swapped-A/B tactic runs (native
+    tiles then). Cached: `can_run` is arithmetic, but the heuristic runs on every call
+    without a table."""
     heads = n // 128
-    splits = [s for s in (4, 2, 1) if (k // 128) % s == 0 and heads * s <= SM90_SMS] or [1]
+    units = token_tiles * heads
+
+    def fits(split):
+        # H200 tables, sixth session: clusters of 4 beyond ~64 CTAs do not all stay resident
+        # (TP8 M = 32, 8-token tiles: 6.8 us split in 4 on 128 CTAs, 4.4 split in 2 on 64),
+        # and few heads are fastest on about half the SMs (TP8 M = 64: 4.1-5.1 us on 64 CTAs,
+        # 4.5-5.2 on 128); many heads want them all (V4-Pro M = 32: 7.3 us split in 2 on 128
+        # CTAs, 9.5 unsplit on 64).
+        few_heads = heads * 4 <= SM90_SMS
+        return units * split <= (SM90_SMS // 2 if split == 4 or few_heads else SM90_SMS)
+
+    splits = [s for s in (4, 2, 1) if (k // 128) % s == 0 and fits(s)] or [1]
     if tile <= SWAP_AB_QR_STAGED_MAX_TILE and heads >= SWAP_AB_UNSPLIT_MIN_HEADS:
         splits = [1] + [s for s in reversed(splits) if s != 1]
     even_blocks = (k // 128) % 2 == 0  # GemmConfig: pipelined_promotion needs an even K-block count
@@ -234,8 +261,8 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
     tile."""
     if arch == "sm_100a":
         return Tactic(tile_m=128)
-    if m <= SWAP_AB_HEURISTIC_MAX_M:
-        # Decode: swapped A/B, one launch, the K split filling about the SMs (H200: V4-Pro
+    if m <= (SWAP_AB_HEURISTIC_MAX_M if n // 128 * 4 > SM90_SMS else SWAP_AB_MAX_M):
+        # Decode and small batches: swapped A/B, one launch, the K split filling about the SMs (H200: V4-Pro
         # M = 1 6.2 us split in 2, 7.0 unsplit, 10.8 split in 4; TP8 3.7-3.9 split in 4,
         # 4.9 unsplit), two epilogue warpgroups (they also quantize the first tile: H200
         # V4-Pro M = 16 6.94 us against 7.18 with one, TP8 4.34 against 4.45), and up to
@@ -245,7 +272,11 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
         # kernel stages by TMA where the heads alone fill about half the SMs: one CTA a head then
         # streams the weight at copy speed and skips the reduction (H200, fifth session:
         # V4-Pro M = 13 6.38 us against 6.56 split in 2, V4-Flash M = 16 4.93 against 5.47).
-        decode = _swap_ab_heuristic(swap_ab_tile(m), n, k)
+        # Token tiles sized to the SMs rather than to M (_decode_token_tile): up to M = 128
+        # for many heads, 256 for few; against the sixth session's H200 timings this picks
+        # within 0-10% of the fastest candidate at every M bucket of the four tables.
+        tile = _decode_token_tile(m, n // 128)
+        decode = _swap_ab_heuristic(tile, -(-m // tile), n, k)
         if decode is not None:
             return decode
     tiles_of_128 = -(-m // 128) * (n // 128)
