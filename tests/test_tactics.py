@@ -48,6 +48,41 @@ def test_swap_ab_limits_match_the_kernel():
     assert heuristic("sm_90a", 16, 1024, 1536).split_k == 4
 
 
+@pytest.mark.parametrize("sms", [78, 114, 132])  # H20, H100 PCIe, H100 / H200 SXM
+@pytest.mark.parametrize("n", [8192, 1024])
+def test_decode_heuristic_sizes_its_grid_to_the_sms(sms, n):
+    """The decode heuristic's swapped-A/B CTAs (token tiles x heads x K split) fit the GPU's
+    SMs once the split is used (a cluster of 4 on at most half of them), and stay the
+    tuner's first candidate for that GPU."""
+    k = 1536
+    for m in (1, 2, 8, 13, 16, 32, 48, 64, 128, 256):
+        tactic = heuristic("sm_90a", m, n, k, sms=sms)
+        assert valid_tactics("sm_90a", m, n, k, sms)[0] == tactic
+        if tactic.kind != "swap_ab":
+            continue
+        ctas = -(-m // tactic.tile_m) * (n // 128) * tactic.split_k
+        if tactic.split_k > 1:
+            assert ctas <= (sms // 2 if tactic.split_k == 4 else sms), (m, tactic)
+    # fewer SMs, no more CTAs: TP8 M = 32 splits K in 2 across 64 CTAs on 132 SMs, not on 78
+    assert heuristic("sm_90a", 32, 1024, k, sms=132).split_k == 2
+    assert heuristic("sm_90a", 32, 1024, k, sms=78).split_k == 1
+
+
+def test_op_heuristic_takes_the_device_sm_count(monkeypatch):
+    """Without a table the op asks the heuristic for its device's SM count (none on the CPU)."""
+    import torch
+
+    from indexer_q import dispatch
+
+    seen = []
+    monkeypatch.setattr(table, "lookup", lambda *a, **kw: None)
+    monkeypatch.setattr(dispatch, "_sm_count", lambda device: 78)
+    monkeypatch.setattr("indexer_q.tactics.heuristic", lambda *a, sms=None: seen.append(sms) or Tactic())
+    dispatch.choose_tactic("sm_90a", torch.device("cuda", 0), 32, 1024, 1536)
+    dispatch.choose_tactic("sm_90a", torch.device("cpu"), 32, 1024, 1536)
+    assert seen == [78, None]
+
+
 def test_valid_tactics_come_from_can_implement():
     # 9 heads: no cluster of 2 along N; no kernel at all for a K that is not a multiple of 128
     assert all(t.cluster_n == 1 for t in valid_tactics("sm_90a", 4096, 9 * 128, 1536))

@@ -109,11 +109,12 @@ def rechoose(path, arch="sm_90a") -> Path:
 
     doc = json.loads(Path(path).read_text())
     timings = doc["metadata"]["timings_us"]
+    sms = doc["metadata"].get("sms")  # the heuristic of the tuned GPU
     entries = []
     for e in doc["entries"]:
         # keys are the tactics' dicts as Python writes them (see tune below)
         measured = {Tactic.from_dict(ast.literal_eval(t)): us for t, us in timings[str(e["m_max"])].items()}
-        entries.append(e | {"tactic": choose(measured, heuristic(arch, e["m_max"], e["n"], e["k"]))})
+        entries.append(e | {"tactic": choose(measured, heuristic(arch, e["m_max"], e["n"], e["k"], sms=sms))})
     table.write_table(Path(path), doc["metadata"], entries)
     return Path(path)
 
@@ -130,7 +131,7 @@ def _clear_change(ra, rb) -> bool:
 CHECK_M = 1000  # rows per correctness check: partial tiles for both tile sizes
 
 
-def profile(m, n, k, arch, log, checked: dict, checker) -> tuple:
+def profile(m, n, k, arch, log, checked: dict, checker, sms=None) -> tuple:
     """Time every valid tactic at M; each is checked against the reference (once per
     table, at CHECK_M tokens, before its first timing) and dropped if it disagrees."""
     from tuning.bench import cold_input_sets, n_cold_sets
@@ -138,7 +139,7 @@ def profile(m, n, k, arch, log, checked: dict, checker) -> tuple:
     sets = cold_input_sets(m, n, k, n_cold_sets(m, n, k))
     weights = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
     passed = []
-    for tactic in valid_tactics(arch, m, n, k):
+    for tactic in valid_tactics(arch, m, n, k, sms):
         if tactic not in checked:
             try:
                 checked[tactic] = checker(tactic)
@@ -150,7 +151,7 @@ def profile(m, n, k, arch, log, checked: dict, checker) -> tuple:
             continue
         passed.append(tactic)
     timings = time_tactics(passed, sets, weights)
-    winner = choose(timings, heuristic(arch, m, n, k))
+    winner = choose(timings, heuristic(arch, m, n, k, sms=sms))
     return winner, timings
 
 
@@ -159,7 +160,8 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     n = 8192 // tp
     results = {}
     checked: dict = {}
-    precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k)}, key=repr), n, k, arch)
+    sms = table.metadata()["sms"]  # this GPU's: the heuristic and the candidates depend on it
+    precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k, sms)}, key=repr), n, k, arch)
     checker = Checker(n, k)
     refined = 0
     todo = list(buckets)
@@ -168,7 +170,7 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
         m = todo.pop(0)
         done += 1
         sys.stderr.write(f"\r[tune {model} tp{tp}] M={m:<6} ({done} profiled, {len(todo)} queued)   ")
-        results[m] = profile(m, n, k, arch, log, checked, checker)
+        results[m] = profile(m, n, k, arch, log, checked, checker, sms)
         ms = sorted(results)
         for a, b in zip(ms, ms[1:]):  # refine where the winner changes by more than noise
             mid = (a + b) // 2

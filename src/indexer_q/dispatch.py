@@ -45,7 +45,8 @@ def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
         if problems:
             fail("tactic", f"a tactic that can run at N = {n}", "; ".join(problems))
         return tactic
-    return table.lookup(m, n, k, device) or heuristic(arch, m, n, k)
+    return table.lookup(m, n, k, device) or heuristic(
+        arch, m, n, k, sms=_sm_count(device) if getattr(device, "type", None) == "cuda" else None)
 
 
 _ACT_QUANT: dict = {}  # device -> compiled activation quantizer

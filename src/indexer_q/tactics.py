@@ -119,7 +119,7 @@ def swap_ab_tile(m: int) -> int:
     return min(64, max(8, 1 << (max(m, 1) - 1).bit_length()))
 
 
-def _swap_ab_candidates(m: int, n: int, k: int):
+def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
     """The token tile for M; the activation quantized in the kernel or by its own launch;
     K split over a cluster of 1, 2, 4 CTAs, and 3, 6 or 8 for few heads (TP8: 8 heads on
     132 SMs); a second epilogue warpgroup where a tile has 32 rows or more (below that one
@@ -145,7 +145,7 @@ def _swap_ab_candidates(m: int, n: int, k: int):
     while small >= 8:
         units = -(-m // small) * heads
         for split in splits:
-            if units * split <= 2 * SM90_SMS:
+            if units * split <= 2 * sms:
                 yield Tactic(kind="swap_ab", tile_m=small, split_k=split, epilogue_warpgroups=2,
                              fused_act_quant=True, pipelined_promotion=True)
         small //= 2
@@ -181,15 +181,17 @@ def can_run(arch: str, tactic: Tactic, n: int, k: int) -> bool:
     return cls is not None and not tactic.problems(n) and cls.can_implement(tactic.to_config(arch, **probe), n, k)
 
 
-def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
-    """Every tactic the arch's kernels can run for (M, N, K); the heuristic's is first.
-    Swapped-A/B tactics are offered up to SWAP_AB_MAX_M tokens."""
+def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> list[Tactic]:
+    """Every tactic the arch's kernels can run for (M, N, K) on a GPU of `sms` SMs (default
+    SM90_SMS); the heuristic's is first. Swapped-A/B tactics are offered up to
+    SWAP_AB_MAX_M tokens."""
     if not any(a == arch for a, _ in KERNEL_CLASSES):
         return []
-    out = [heuristic(arch, m, n, k)]
+    sms = sms or SM90_SMS
+    out = [heuristic(arch, m, n, k, sms=sms)]
     cands = list(_candidates())
     if m <= SWAP_AB_MAX_M:
-        cands += list(_swap_ab_candidates(m, n, k))
+        cands += list(_swap_ab_candidates(m, n, k, sms))
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
         if t not in out and can_run(arch, t, n, k):
@@ -197,25 +199,25 @@ def valid_tactics(arch: str, m: int, n: int, k: int) -> list[Tactic]:
     return out
 
 
-SM90_SMS = 132  # H100 / H200 SXM; the heuristic only needs the order of magnitude
+SM90_SMS = 132  # H100 / H200 SXM: the default where the caller does not give the GPU's count
 
 
-def _decode_token_tile(m: int, heads: int) -> int:
+def _decode_token_tile(m: int, heads: int, sms: int) -> int:
     """The heuristic's token tile. Many heads (64: V4) fill about half the SMs with one CTA
     a head: the tile that holds M up to 32 tokens, 32-token tiles above (H200 tables, sixth
     session: V4-Flash M = 128 9.1 us against 11.0 with 64-token tiles). Few heads (TP8's 8):
     the smallest tile whose CTAs fit one round, so that more SMs quantize, multiply and
     run the epilogue (TP8 M = 64: 8- or 16-token tiles 4.9 us against 9.6 before)."""
-    if heads * 4 > SM90_SMS:
+    if heads * 4 > sms:
         return min(32, swap_ab_tile(m))
     tile = 8
-    while tile < swap_ab_tile(m) and -(-m // tile) * heads > SM90_SMS:
+    while tile < swap_ab_tile(m) and -(-m // tile) * heads > sms:
         tile *= 2
     return tile
 
 
 @functools.lru_cache(maxsize=None)
-def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int) -> Tactic | None:
+def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int) -> Tactic | None:
     """The decode heuristic's swapped-A/B tactic for `token_tiles` tiles of `tile` tokens at
     (N, K): the preferred K split first (the largest whose CTAs fit one round, none for
     staged tiles at many heads); where that does not fit the kernel's shared memory (at a
@@ -232,8 +234,8 @@ def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int) -> Tactic | 
         # and few heads are fastest on about half the SMs (TP8 M = 64: 4.1-5.1 us on 64 CTAs,
         # 4.5-5.2 on 128); many heads want them all (V4-Pro M = 32: 7.3 us split in 2 on 128
         # CTAs, 9.5 unsplit on 64).
-        few_heads = heads * 4 <= SM90_SMS
-        return units * split <= (SM90_SMS // 2 if split == 4 or few_heads else SM90_SMS)
+        few_heads = heads * 4 <= sms
+        return units * split <= (sms // 2 if split == 4 or few_heads else sms)
 
     splits = [s for s in (4, 2, 1) if (k // 128) % s == 0 and fits(s)] or [1]
     if tile <= SWAP_AB_QR_STAGED_MAX_TILE and heads >= SWAP_AB_UNSPLIT_MIN_HEADS:
@@ -250,18 +252,16 @@ def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int) -> Tactic | 
     return None
 
 
-def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
-    """The default without a tuned table. sm_90a: 64-row tiles (one consumer warpgroup)
-    while 128-row tiles would fill at most half the SMs, 128-row tiles otherwise. That is
-    where the H200 tables change (tuning/tables: V4-Pro N = 8192 up to M = 128, N = 1024
-    up to M = 1024); clusters win there by a few percent at most. No K split: on the H200
-    it never won (V4-Pro M = 1: 12.8 us split in 2 against 11.9; TP8 M = 1: 9.5 us split
-    in 4 against 9.2): small M is bound by a chain of fixed latencies (launch, first
-    loads, one tile's epilogue), not by how many SMs stream the weight. sm_100a: its one
-    tile."""
+def heuristic(arch: str, m: int, n: int, k: int, sms: int | None = None) -> Tactic:
+    """The default without a tuned table, for a GPU of `sms` SMs (default SM90_SMS: the
+    op passes the device's count, the tuner the table's). sm_90a: swapped A/B for decode
+    and small batches (below); above, native 64-row tiles (one consumer warpgroup) while
+    128-row tiles would fill at most half the SMs, 128-row tiles otherwise, no K split (on
+    the H200 a native K split never won). sm_100a: its one tile."""
     if arch == "sm_100a":
         return Tactic(tile_m=128)
-    if m <= (SWAP_AB_HEURISTIC_MAX_M if n // 128 * 4 > SM90_SMS else SWAP_AB_MAX_M):
+    sms = sms or SM90_SMS
+    if m <= (SWAP_AB_HEURISTIC_MAX_M if n // 128 * 4 > sms else SWAP_AB_MAX_M):
         # Decode and small batches: swapped A/B, one launch, the K split filling about the SMs (H200: V4-Pro
         # M = 1 6.2 us split in 2, 7.0 unsplit, 10.8 split in 4; TP8 3.7-3.9 split in 4,
         # 4.9 unsplit), two epilogue warpgroups (they also quantize the first tile: H200
@@ -275,12 +275,12 @@ def heuristic(arch: str, m: int, n: int, k: int) -> Tactic:
         # Token tiles sized to the SMs rather than to M (_decode_token_tile): up to M = 128
         # for many heads, 256 for few; against the sixth session's H200 timings this picks
         # within 0-10% of the fastest candidate at every M bucket of the four tables.
-        tile = _decode_token_tile(m, n // 128)
-        decode = _swap_ab_heuristic(tile, -(-m // tile), n, k)
+        tile = _decode_token_tile(m, n // 128, sms)
+        decode = _swap_ab_heuristic(tile, -(-m // tile), n, k, sms)
         if decode is not None:
             return decode
     tiles_of_128 = -(-m // 128) * (n // 128)
     # Two epilogue warpgroups: on the H200 faster at every M for 64-row tiles (0.4-1 us
     # at M <= 128) and for 128-row tiles but at V4-Pro M >= 4096 (3% slower there, which
     # its table covers); up to 9% faster at V4-Flash M = 4096.
-    return Tactic(tile_m=64 if tiles_of_128 <= SM90_SMS // 2 else 128, epilogue_warpgroups=2)
+    return Tactic(tile_m=64 if tiles_of_128 <= sms // 2 else 128, epilogue_warpgroups=2)
