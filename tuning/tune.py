@@ -160,7 +160,8 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     n = 8192 // tp
     results = {}
     checked: dict = {}
-    sms = table.metadata()["sms"]  # this GPU's: the heuristic and the candidates depend on it
+    gpu_meta = table.metadata()
+    sms = gpu_meta["sms"]  # this GPU's: the heuristic and the candidates depend on it
     precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k, sms)}, key=repr), n, k, arch)
     checker = Checker(n, k)
     refined = 0
@@ -180,7 +181,7 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
                 refined += 1
     sys.stderr.write("\n")
     entries = [{"n": n, "k": k, "m_max": m, "tactic": results[m][0]} for m in sorted(results)]
-    meta = table.metadata() | {"model": model, "tp": tp, "checked_at_m": CHECK_M,
+    meta = gpu_meta | {"model": model, "tp": tp, "checked_at_m": CHECK_M,
                                "codes_equal": {str(t.as_dict()): round(a, 6) for t, a in checked.items()},
                                "timings_us": {str(m): {str(t.as_dict()): round(us, 3) for t, us in tt.items()}
                                               for m, (_, tt) in results.items()}}
