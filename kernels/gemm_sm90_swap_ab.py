@@ -44,9 +44,13 @@ from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROU
                          add_partials, gather_partials, reduce_tensor, scatter_partial,
                          scatter_tensor, send_partial, shared_storage)
 from .swap_ab_kloop_sm90 import PIPELINED_MAX_TILE, TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
-from .swap_ab_quant_sm90 import WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
+from .swap_ab_quant_sm90 import QR_TMA_MAX_TILE, WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
 
 TOKEN_TILES = (8, 16, 32, 64)
+# cluster_n: CTAs of consecutive heads (one cluster) sharing the first token tile's fused
+# quantization: each quantizes 1 / cluster_n of the K blocks and sends its e4m3 bytes and
+# scales to the others through distributed shared memory (kernels/swap_ab_quant_sm90.py).
+HEAD_CLUSTERS = (1, 2, 4)
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
 # trace (probe only): int64 slots a CTA in the q output. Consumer: 0 globaltimer at its
 # start, 1 clock64 at its start, 2 after the PDL wait, 3 first tile quantized, 4..9 first
@@ -66,8 +70,14 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
         out = super().config_problems(config)
         if config.tile_m not in TOKEN_TILES:
             out.append(f"tile_m={config.tile_m} (sm_90a swap_ab: tokens on the MMA's N, {TOKEN_TILES})")
-        if config.cluster_m != 1 or config.cluster_n != 1:
-            out.append("swap_ab has no multicast cluster (its cluster is the K split)")
+        if config.cluster_m != 1:
+            out.append("swap_ab has no cluster along M but the K split (split_k)")
+        if config.cluster_n not in HEAD_CLUSTERS:
+            out.append(f"swap_ab cluster_n={config.cluster_n} (heads sharing a token tile's quantizer: {HEAD_CLUSTERS})")
+        elif config.cluster_n > 1 and not (config.fused_act_quant and config.tile_m <= QR_TMA_MAX_TILE
+                                          and config.split_k == 1):
+            out.append(f"swap_ab cluster_n > 1 shares the fused quantizer's work on qr staged by TMA: it needs "
+                       f"fused_act_quant, tile_m <= {QR_TMA_MAX_TILE} and split_k=1")
         if config.mma_per_promotion != 4:
             out.append("swap_ab promotes once per 128-K block (mma_per_promotion=4)")
         if config.pipelined_promotion and config.tile_m > TWO_PARTIALS_MAX_TILE and not config.fused_act_quant:
@@ -82,6 +92,9 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
         k_tiles = k // SCALE_BLOCK_K
         if k_tiles % config.split_k:
             return [f"swap_ab splits K evenly: split_k={config.split_k} does not divide the {k_tiles} K blocks"]
+        if k_tiles % config.cluster_n:
+            return [f"swap_ab cluster_n={config.cluster_n} shares the quantizer's K blocks evenly: it does not "
+                    f"divide the {k_tiles} K blocks"]
         fit = cls.stages_that_fit(config, k)
         if fit < 2 or (config.stages and config.stages > fit):
             return [f"shared memory: {fit} weight stages fit beside the rest at tile_m={config.tile_m}, "
@@ -131,7 +144,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
         self.num_consumers = 1  # both m64 halves of the head: 2T accumulator values a thread
         self.epi_wgs = config.epilogue_warpgroups
         self.split_k = config.split_k
-        self.cluster_shape_mn = (config.split_k, 1)
+        self.share = config.cluster_n  # heads sharing the first token tile's quantizer
+        self.cluster_shape_mn = (config.split_k, config.cluster_n)
         self.skip_rows_past_m = True
         self.tc_hadamard = False
         self.fused = config.fused_act_quant
@@ -244,6 +258,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
             extra = [("sActScale", Float32, self.k_blocks * t)]
         if cutlass.const_expr(self.stages_qr_by_tma(self.config)):
             extra += [("qr_mbar", Int64, 2), ("sQr", cutlass.BFloat16, t * bk * self.k_blocks)]
+        if cutlass.const_expr(self.share > 1):  # the peers' share of the first tile arrived
+            extra += [("peer_mbar", Int64, 1)]
         self.shared_storage = shared_storage(
             stages=stages, split_k=self.split_k, reduce_words=max(1, self._reduce_words(self.config)),
             epi_words=EPI_BUFFERS * t * WORDS_PER_ROW, extra=extra,
@@ -298,9 +314,10 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),  # the consumer's warps
             tx_count=self.tx_bytes,
-            # each rank loads and releases its own stages (the cluster is the K split)
+            # each rank loads and releases its own stages (nothing is multicast): the mode
+            # picked is the one along which the cluster has a single CTA
             cta_layout_vmnk=cute.make_layout((1, *self.cluster_shape_mn, 1)),
-            mcast_mode_mn=(1, 0),
+            mcast_mode_mn=(1, 0) if self.share == 1 else (0, 1),
             defer_sync=True,
         )
         epi_pipeline = pipeline.PipelineAsync.create(
@@ -333,6 +350,12 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
             sQrw = cute.make_tensor(cute.recast_ptr(storage.sQr.data_ptr(), dtype=Int32),
                                     cute.make_layout(t * SCALE_BLOCK_K // 2 * self.k_blocks))
             staging = (qr_full, qr_full + 1, sQrw)
+        share = None  # cluster_n > 1: (this CTA's rank among the heads, the peers' bytes barrier)
+        if cutlass.const_expr(self.share > 1):
+            peer_full = storage.peer_mbar.data_ptr()
+            if tidx == 0:
+                cute.arch.mbarrier_init(peer_full, 1)
+            share = (cta_rank, peer_full)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
         if cutlass.const_expr(self.scatter):
             sReduce = scatter_tensor(storage, self.split_k, t // self.split_k)
@@ -367,7 +390,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
             if cutlass.const_expr(self.fused):
                 sActScale = storage.sActScale.get_tensor(cute.make_layout((self.k_blocks, t), stride=(t, 1)))
                 self._help_quantize_first_tile(act, storage.sB.data_ptr(), sActScale, staging, k_begin,
-                                               sched_params, tidx - (self.epi_wg - 1) * WARPGROUP)
+                                               sched_params, tidx - (self.epi_wg - 1) * WARPGROUP, share)
             if cta_rank == 0 or cutlass.const_expr(self.split_k == 1 or self.scatter):  # who finishes rows
                 self._epilogue(epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
                                positions, cos_sin, out_q, out_scale, act.shape[0])
@@ -377,7 +400,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
             if cutlass.const_expr(self.fused):
                 sActScale = storage.sActScale.get_tensor(cute.make_layout((self.k_blocks, t), stride=(t, 1)))
             args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, storage.sB.data_ptr(), sActScale, staging,
-                    tidx - WARPGROUP, k_begin, sched_params, act, a_scale, w_scale, reduce, trace)
+                    tidx - WARPGROUP, k_begin, sched_params, act, a_scale, w_scale, reduce, trace, share)
             if cutlass.const_expr(self.split_k == 1):
                 self._consumer(*args, role="whole")
             elif cutlass.const_expr(self.scatter):
@@ -483,10 +506,11 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
 
     @cute.jit
     def _consumer(self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, sB_ptr, sActScale, staging, ctidx,
-                  k_begin, sched_params, act, a_scale, w_scale, reduce, trace, role: cutlass.Constexpr):
+                  k_begin, sched_params, act, a_scale, w_scale, reduce, trace, share, role: cutlass.Constexpr):
         """role: "whole" (all K blocks), or in a K split "reduce" (rank 0: adds the other
         ranks' partial tiles, then hands the tile to the epilogue), "send" (ranks 1..) or
-        "scatter" (every rank: reduce-scatter, then hands its T / S rows to its epilogue)."""
+        "scatter" (every rank: reduce-scatter, then hands its T / S rows to its epilogue).
+        `share`: cluster_n > 1, (this CTA's rank among the heads, the peers' bytes barrier)."""
         t = self.tile_rows
         thr_mma = tiled_mma.get_slice(ctidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sW))
@@ -536,7 +560,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
                 if m_tile != quantized:
                     if tiles_done == 0:
                         self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1 + self.epi_wgs,
-                                            staging, tiles_quantized)
+                                            staging, tiles_quantized, share=share)
                     else:
                         self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1, staging,
                                             tiles_quantized)

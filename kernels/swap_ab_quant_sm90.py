@@ -81,7 +81,7 @@ class Sm90SwapABQuantizer:
         cute.arch.barrier(barrier_id=BAR_QR_LOADS_ISSUED, number_of_threads=32 + (1 + self.epi_wgs) * WARPGROUP)
 
     @cute.jit
-    def _help_quantize_first_tile(self, qr, sB_ptr, sActScale, staging, k_begin, sched_params, qtidx):
+    def _help_quantize_first_tile(self, qr, sB_ptr, sActScale, staging, k_begin, sched_params, qtidx, share):
         """An epilogue thread's share of the CTA's first token tile (qtidx counts from the
         consumer's 128 threads on)."""
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
@@ -90,11 +90,11 @@ class Sm90SwapABQuantizer:
             if cutlass.const_expr(self.config.pdl and staging is None):
                 cute.arch.griddepcontrol_wait()  # qr may come from the previous grid
             self._quantize_tile(qr, sB_ptr, sActScale, self._m_tile(work.tile_idx) * self.tile_rows, qr.shape[0],
-                                k_begin, qtidx, 1 + self.epi_wgs, staging, Int32(0), helper=True)
+                                k_begin, qtidx, 1 + self.epi_wgs, staging, Int32(0), helper=True, share=share)
 
     @cute.jit
     def _quantize_tile(self, qr, sB_ptr, sActScale, row0, m, k_begin, qtidx, helpers: cutlass.Constexpr,
-                       staging, staged, helper: cutlass.Constexpr = False):
+                       staging, staged, helper: cutlass.Constexpr = False, share=None):
         """SPEC step 1 for the rank's K blocks of token rows row0.. by `helpers` warpgroups
         (1: the consumer; more: with the epilogue warpgroups, first tile only): each (row,
         128-K block) unit is a half-warp's, 8 values a lane, quantized with the act_quant
@@ -106,16 +106,25 @@ class Sm90SwapABQuantizer:
         signals its part done; the consumer waits for every part. `staging`: (qr_full,
         qr_empty, the staging buffer as words) where the producer brought the rows into
         shared memory by TMA (`staged`: tiles quantized before), else None: loads from
-        global memory."""
+        global memory. `share` (the first tile, cluster_n > 1): (this CTA's rank r among the
+        cluster's heads, the barrier its peers' bytes complete on): it quantizes K blocks r,
+        r + cluster_n, ... only and also sends their e4m3 bytes and scales to every peer's
+        shared memory (st.async), while the peers send it theirs."""
         t = self.tile_rows
+        blocks = self.k_blocks if share is None else self.k_blocks // self.share  # this CTA quantizes
         groups = helpers * WARPGROUP // QUANT_LANES
-        rounds = (t * self.k_blocks + groups - 1) // groups  # a full tile's
-        units = cutlass.min(t, m - row0) * self.k_blocks  # the live rows' (row0 < M)
+        rounds = (t * blocks + groups - 1) // groups  # a full tile's
+        live = cutlass.min(t, m - row0)  # rows below M (row0 < M)
+        units = live * blocks
         live_rounds = (units + groups - 1) // groups
         half = qtidx // QUANT_LANES
         lane16 = qtidx % QUANT_LANES
         sBw = cute.make_tensor(cute.recast_ptr(sB_ptr, dtype=Int32), cute.make_layout(t * self.k_blocks * 32))
         bar = BAR_ACT_READY if helpers == 1 else BAR_FIRST_ACT_READY
+        if cutlass.const_expr(share is not None and not helper):
+            if qtidx == 0:  # the peers' blocks: 128 e4m3 bytes and a 4-byte scale a (row, block)
+                cute.arch.mbarrier_arrive_and_expect_tx(
+                    share[1], live * (self.k_blocks - blocks) * (SCALE_BLOCK_K + 4))
         if cutlass.const_expr(helpers == 1):
             # every thread is past its last read of the previous tile's scales and operands
             cute.arch.barrier(barrier_id=bar, number_of_threads=WARPGROUP)
@@ -143,8 +152,10 @@ class Sm90SwapABQuantizer:
                 # shuffles need every lane) and not stored
                 unit = cutlass.min((first + it) * groups + half, units - 1)
                 stored = (first + it) * groups + half < units
-                r = unit // self.k_blocks
-                b = unit - r * self.k_blocks
+                r = unit // blocks
+                b = unit - r * blocks
+                if cutlass.const_expr(share is not None):  # this CTA's j-th block
+                    b = b * self.share + share[0]
                 row = row0 + r
                 col = (k_begin + b) * SCALE_BLOCK_K + lane16 * 8
                 if cutlass.const_expr(staging is not None):
@@ -166,6 +177,8 @@ class Sm90SwapABQuantizer:
                     sBw[(byte >> 2) + 1] = out[1]
                     if lane16 == 0:
                         sActScale[b, r] = scale
+                    if cutlass.const_expr(share is not None):
+                        self._send_to_peers(sBw, byte, out, sActScale, b, r, scale, lane16, share)
         cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
         # Arrive, not sync, in the helpers: bar.sync is .aligned (every thread meeting the
         # barrier at the same instruction), and the helpers' copy of this code is another
@@ -177,3 +190,21 @@ class Sm90SwapABQuantizer:
             if cutlass.const_expr(staging is not None):
                 if qtidx == 0:  # every quantizer is past its reads: the producer may stage the next tile
                     cute.arch.mbarrier_arrive(staging[1])
+            if cutlass.const_expr(share is not None):
+                # the peers' blocks are in (phase 0: only the first tile is shared); their
+                # bytes came by st.async, made visible to the WGMMAs' reads as the local ones are
+                cute.arch.mbarrier_wait(share[1], 0)
+                cute.arch.fence_proxy("async.shared", space="cta")
+
+    @cute.jit
+    def _send_to_peers(self, sBw, byte, out, sActScale, b, r, scale, lane16, share):
+        """A lane's 8 e4m3 bytes of a shared block (and lane 0 of the half-warp its scale)
+        to the same place in every peer's shared memory, completing on its bytes barrier."""
+        # the operand as 8-byte pairs of words (st.async.v2 needs the 8-byte alignment)
+        sBpairs = cute.make_tensor(sBw.iterator, cute.make_layout((cute.size(sBw) // 2, 2), stride=(2, 1)))
+        for peer in cutlass.range_constexpr(self.share):
+            if peer != share[0]:
+                cute.arch.store_async_dsmem(sBpairs[(byte >> 3, None)].iterator, (out[0], out[1]), share[1], peer)
+                if lane16 == 0:
+                    cute.arch.store_async_dsmem((sActScale.iterator + (b * self.tile_rows + r)),
+                                                scale.bitcast(Int32), share[1], peer)

@@ -38,6 +38,8 @@ SM90_CASES = [
     dict(tile_m=32, fused_act_quant=False, split_k=4, pipelined_promotion=True),
     dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True),
     dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True),
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2),
+    dict(tile_m=8, fused_act_quant=True, split_k=1, epilogue_warpgroups=1, cluster_n=4),
 ]
 
 
@@ -68,7 +70,10 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
         assert len(re.findall(r"wgmma.wait_group.sync.aligned\s+1;", ptx)) == waits * roles
     assert "m64n128k32" not in ptx  # not the native kernel's shape
     flat = " ".join(ptx.split())
-    assert ("st.async.shared::cluster" in flat) == (cfg.split_k > 1)
+    assert ("st.async.shared::cluster" in flat) == (cfg.split_k > 1 or cfg.cluster_n > 1)
+    if cfg.cluster_n > 1:  # heads sharing the first tile's quantizer: a lane's 8 e4m3 bytes, a scale
+        assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32" in flat
+        assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32" in flat
     if cfg.fused_act_quant:  # the e4m3 conversion in the kernel
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
         assert "griddepcontrol.launch_dependents" in ptx  # lets the next grid start early (PDL)

@@ -123,6 +123,35 @@ HELPER_CASES = [
 ]
 
 
+# Heads sharing the first token tile's quantizer (cluster_n): each CTA of a cluster along
+# the heads quantizes 1 / cluster_n of the K blocks and sends them to the others. Clusters of
+# 2 and 4; one and two epilogue warpgroups; K = 1024 and 1536 (8 and 12 blocks); ragged M
+# (M = 13, 33: a last tile with 1 live row); later token tiles quantized by the consumer
+# alone (M = 45 at T = 8 over 64 heads: 6 token tiles, 384 tiles on 66 clusters).
+SHARED_CASES = [
+    (m, n, k, Tactic(kind="swap_ab", tile_m=t, cluster_n=c, epilogue_warpgroups=e, fused_act_quant=True,
+                     pipelined_promotion=p))
+    for m, n, k, t, c, e, p in (
+        (16, 8192, 1536, 16, 2, 2, True), (13, 8192, 1024, 16, 4, 1, False), (1, 1024, 1536, 8, 4, 2, True),
+        (45, 8192, 1536, 8, 2, 2, True), (33, 1024, 1536, 16, 2, 2, True))
+]
+
+
+@pytest.mark.parametrize("m,n,k,tactic", SHARED_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_heads_sharing_the_quantizer_equal_one_head(m, n, k, tactic, big_cos_sin):
+    """Whoever quantized a block, the bytes are those of the unshared tactic."""
+    from indexer_q import prepare_weights
+
+    _needs_sm90()
+    seed = _seed()
+    x = _inputs(m, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    q, s = _run_twice(x, weights, tactic=tactic, **HELPER_OPTS)
+    rq, rs = _run_twice(x, weights, tactic=dataclasses.replace(tactic, cluster_n=1), **HELPER_OPTS)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), f"M={m} N={n} K={k} seed={seed} {tactic}"
+    assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} {tactic}"
+
+
 @pytest.fixture(scope="module")
 def helpers_precompiled():
     _needs_sm90()

@@ -28,7 +28,7 @@ class Tactic:
     tile_m: int = 128  # tokens per CTA tile (swap_ab: 8, 16, 32 or 64, on the MMA's N side)
     stages: int = 0  # TMA ring depth; 0 = as many as fit in shared memory
     cluster_m: int = 1  # CTAs sharing (multicasting) one weight tile
-    cluster_n: int = 1  # CTAs sharing one activation tile
+    cluster_n: int = 1  # CTAs sharing one activation tile (swap_ab: heads sharing its fused quantizer's work)
     raster_along_m: bool = True
     swizzle: int = 1
     mma_per_promotion: int = 4  # WGMMAs (32 K each) between block-scale promotions
@@ -149,6 +149,19 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
                 yield Tactic(kind="swap_ab", tile_m=small, split_k=split, epilogue_warpgroups=2,
                              fused_act_quant=True, pipelined_promotion=True)
         small //= 2
+    # Staged token tiles unsplit, the first tile's quantizer shared by a cluster of 2 or 4
+    # heads (each quantizes 1 / cluster_n of the K blocks and sends them to the others): the
+    # quantizer is the critical path there (trace, V4-Pro M = 16: 1.7 us of quantizing after
+    # qr is staged, while the weight's ring stays full). Clusters of 4 within about half
+    # the SMs (beyond that not all stay resident).
+    for tile in sorted({swap_ab_tile(m), *(t for t in (8, 16) if t < swap_ab_tile(m))}):
+        if tile > SWAP_AB_QR_STAGED_MAX_TILE:
+            continue
+        units = -(-m // tile) * heads
+        for share in (2, 4):
+            if heads % share == 0 and units <= (sms if share == 2 else sms // 2):
+                yield Tactic(kind="swap_ab", tile_m=tile, cluster_n=share, epilogue_warpgroups=2,
+                             fused_act_quant=True, pipelined_promotion=True)
 
 
 def _candidates():
@@ -238,15 +251,22 @@ def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int) ->
         return units * split <= (sms // 2 if split == 4 or few_heads else sms)
 
     splits = [s for s in (4, 2, 1) if (k // 128) % s == 0 and fits(s)] or [1]
+    share = 1  # heads (a cluster) sharing the first token tile's fused quantizer
     if tile <= SWAP_AB_QR_STAGED_MAX_TILE and heads >= SWAP_AB_UNSPLIT_MIN_HEADS:
         splits = [1] + [s for s in reversed(splits) if s != 1]
+        # unsplit, the quantizer is the critical path: a pair of heads shares it (H200,
+        # seventh session: V4-Pro M = 16 6.16 us against 6.60 alone, M <= 8 5.90-5.98
+        # against 6.06-6.08; V4-Flash even to 0.07 us faster)
+        if heads % 2 == 0 and (k // 128) % 2 == 0 and units <= sms:
+            share = 2
     even_blocks = (k // 128) % 2 == 0  # GemmConfig: pipelined_promotion needs an even K-block count
     for fused in (True, False):
         # 64-token tiles pipeline their promotion with the fused quantizer only
         pipelined = even_blocks and tile <= SWAP_AB_PIPELINED_MAX_TILE and (fused or tile <= 32)
         for split in splits:
+            shared = share if fused and split == 1 else 1
             tactic = Tactic(kind="swap_ab", tile_m=tile, split_k=split, fused_act_quant=fused,
-                            epilogue_warpgroups=2, pipelined_promotion=pipelined)
+                            epilogue_warpgroups=2, pipelined_promotion=pipelined, cluster_n=shared)
             if can_run("sm_90a", tactic, n, k):
                 return tactic
     return None
