@@ -341,21 +341,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
                 for slot in cutlass.range_constexpr(self.split_k - 1):
                     cute.arch.mbarrier_init(reduce_full + slot, 1)
                 cute.arch.mbarrier_init(reduce_free, WARPGROUP)
-        staging = None  # qr_tma: (qr_full, qr_empty, the staging buffer as words)
-        if cutlass.const_expr(qr_tma):
-            qr_full = storage.qr_mbar.data_ptr()
-            if tidx == 0:
-                cute.arch.mbarrier_init(qr_full, 1)
-                cute.arch.mbarrier_init(qr_full + 1, 1)
-            sQrw = cute.make_tensor(cute.recast_ptr(storage.sQr.data_ptr(), dtype=Int32),
-                                    cute.make_layout(t * SCALE_BLOCK_K // 2 * self.k_blocks))
-            staging = (qr_full, qr_full + 1, sQrw)
-        share = None  # cluster_n > 1: (this CTA's rank among the heads, the peers' bytes barrier)
-        if cutlass.const_expr(self.share > 1):
-            peer_full = storage.peer_mbar.data_ptr()
-            if tidx == 0:
-                cute.arch.mbarrier_init(peer_full, 1)
-            share = (cta_rank, peer_full)
+        staging, share = self._quantizer_barriers(storage, tidx, cta_rank)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
         if cutlass.const_expr(self.scatter):
             sReduce = scatter_tensor(storage, self.split_k, t // self.split_k)

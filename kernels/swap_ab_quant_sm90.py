@@ -54,6 +54,29 @@ class Sm90SwapABQuantizer:
     def stages_qr_by_tma(config) -> bool:
         return config.fused_act_quant and config.tile_m <= QR_TMA_MAX_TILE
 
+    @cute.jit
+    def _quantizer_barriers(self, storage, tidx, cta_rank):
+        """Thread 0 initializes the quantizer's barriers; returns (staging, share):
+        staging, where qr is staged by TMA: (qr_full, qr_empty, the staging buffer as
+        words), else None; share, with cluster_n > 1: (this CTA's rank among the heads, the
+        barrier its peers' bytes complete on), else None."""
+        staging = None
+        if cutlass.const_expr(self.stages_qr_by_tma(self.config)):
+            qr_full = storage.qr_mbar.data_ptr()
+            if tidx == 0:
+                cute.arch.mbarrier_init(qr_full, 1)
+                cute.arch.mbarrier_init(qr_full + 1, 1)
+            sQrw = cute.make_tensor(cute.recast_ptr(storage.sQr.data_ptr(), dtype=Int32),
+                                    cute.make_layout(self.tile_rows * SCALE_BLOCK_K // 2 * self.k_blocks))
+            staging = (qr_full, qr_full + 1, sQrw)
+        share = None
+        if cutlass.const_expr(self.share > 1):
+            peer_full = storage.peer_mbar.data_ptr()
+            if tidx == 0:
+                cute.arch.mbarrier_init(peer_full, 1)
+            share = (cta_rank, peer_full)
+        return staging, share
+
     @staticmethod
     def qr_staging_layout(t: int, k_blocks: int):
         """The rank's bf16 rows of qr in shared memory: [token, 128 K, K block], each
