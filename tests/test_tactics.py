@@ -46,6 +46,11 @@ def test_swap_ab_limits_match_the_kernel():
     assert heuristic("sm_90a", 16, 8192, 1536).split_k == 1
     assert heuristic("sm_90a", 32, 8192, 1536).split_k == 2
     assert heuristic("sm_90a", 16, 1024, 1536).split_k == 4
+    # unsplit staged 16-token tiles at many heads: a pair of heads shares the quantizer;
+    # not 8-token tiles, nor a K split (TP8)
+    assert heuristic("sm_90a", 16, 8192, 1536).cluster_n == 2
+    assert heuristic("sm_90a", 8, 8192, 1536).cluster_n == 1
+    assert heuristic("sm_90a", 16, 1024, 1536).cluster_n == 1
 
 
 @pytest.mark.parametrize("sms", [78, 114, 132])  # H20, H100 PCIe, H100 / H200 SXM

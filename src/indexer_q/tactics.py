@@ -254,10 +254,11 @@ def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int) ->
     share = 1  # heads (a cluster) sharing the first token tile's fused quantizer
     if tile <= SWAP_AB_QR_STAGED_MAX_TILE and heads >= SWAP_AB_UNSPLIT_MIN_HEADS:
         splits = [1] + [s for s in reversed(splits) if s != 1]
-        # unsplit, the quantizer is the critical path: a pair of heads shares it (H200,
-        # seventh session: V4-Pro M = 16 6.16 us against 6.60 alone, M <= 8 5.90-5.98
-        # against 6.06-6.08; V4-Flash even to 0.07 us faster)
-        if heads % 2 == 0 and (k // 128) % 2 == 0 and units <= sms:
+        # unsplit 16-token tiles: the quantizer is the critical path, a pair of heads shares
+        # it (H200 tables, seventh session: V4-Pro M = 16 6.15 us against 6.56 alone,
+        # V4-Flash 4.87 against 4.96). 8-token tiles quantize half as much: there the pair
+        # was 1-4% slower (V4-Pro M = 1-8 5.86-6.00 against 5.66-5.84).
+        if tile > 8 and heads % 2 == 0 and (k // 128) % 2 == 0 and units <= sms:
             share = 2
     even_blocks = (k // 128) % 2 == 0  # GemmConfig: pipelined_promotion needs an even K-block count
     for fused in (True, False):
