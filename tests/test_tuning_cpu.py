@@ -96,3 +96,39 @@ def test_committed_tables_match_the_kernels():
         parts = [json.loads((tuned / name).read_text())["entries"] for name in doc["metadata"]["merged_from"]]
         key = lambda e: (e["n"], e["k"], e["m_max"])  # noqa: E731
         assert sorted(doc["entries"], key=key) == sorted((e for part in parts for e in part), key=key)
+
+
+def test_restamp_jobs_are_the_tables_distinct_tactics(tmp_path):
+    """restamp compiles each (tactic, N, K) of the tables once."""
+    from pathlib import Path
+
+    from tuning import restamp
+
+    tables = sorted(Path(tune.__file__).parent.joinpath("tables").glob("NVIDIA_H200_*.json"))
+    arch, jobs = restamp.table_jobs(tables + tables)  # a table twice adds nothing
+    entries = {json.dumps({"tactic": e["tactic"], "n": e["n"], "k": e["k"]}, sort_keys=True)
+               for t in tables for e in json.loads(t.read_text())["entries"]}
+    assert arch == "sm_90a" and len(jobs) == len(entries) and all(j["sms"] == 132 for j in jobs)
+
+
+def test_restamp_refuses_tables_not_tuned_with_the_baseline(tmp_path):
+    """A table whose fingerprint is not the baseline's is left alone (nothing compiled)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from tuning import restamp
+
+    if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "HEAD"], cwd=restamp.ROOT,
+                                                      capture_output=True).returncode:
+        import pytest
+
+        pytest.skip("needs the git checkout")
+    src = next(Path(tune.__file__).parent.joinpath("tables").glob("NVIDIA_H200_*.json"))
+    table = json.loads(src.read_text())
+    table["metadata"]["kernel_fingerprint"] = "0" * 16
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    before = path.read_text()
+    assert restamp.main(["--baseline", "HEAD", str(path)]) == 1
+    assert path.read_text() == before
