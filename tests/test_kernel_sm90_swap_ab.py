@@ -125,15 +125,17 @@ HELPER_CASES = [
 
 # Heads sharing the first token tile's quantizer (cluster_n): each CTA of a cluster along
 # the heads quantizes 1 / cluster_n of the K blocks and sends them to the others. Clusters of
-# 2 and 4; one and two epilogue warpgroups; K = 1024 and 1536 (8 and 12 blocks); ragged M
-# (M = 13, 33: a last tile with 1 live row); later token tiles quantized by the consumer
-# alone (M = 45 at T = 8 over 64 heads: 6 token tiles, 384 tiles on 66 clusters).
+# 2 and 4; one and two epilogue warpgroups; K = 1024 and 1536 (8 and 12 blocks); M below the
+# tile (M = 1 and 13); a last tile with 1 live row (M = 33 at T = 16); later token tiles,
+# quantized by the consumer alone over what the peers sent: M = 33 at T = 8 over 64 heads (5
+# token tiles x 32 head pairs on 66 clusters: cluster c takes token tiles c % 5, (c + 1) % 5,
+# (c + 2) % 5; M = 45's 6 token tiles divide 66, so each cluster keeps its first one there).
 SHARED_CASES = [
     (m, n, k, Tactic(kind="swap_ab", tile_m=t, cluster_n=c, epilogue_warpgroups=e, fused_act_quant=True,
                      pipelined_promotion=p))
     for m, n, k, t, c, e, p in (
         (16, 8192, 1536, 16, 2, 2, True), (13, 8192, 1024, 16, 4, 1, False), (1, 1024, 1536, 8, 4, 2, True),
-        (45, 8192, 1536, 8, 2, 2, True), (33, 1024, 1536, 16, 2, 2, True))
+        (45, 8192, 1536, 8, 2, 2, True), (33, 1024, 1536, 16, 2, 2, True), (33, 8192, 1536, 8, 2, 2, True))
 ]
 
 

@@ -179,3 +179,11 @@ def test_no_table_for_this_gpu_is_silent(fresh_table_state):
         assert table.lookup(1, 8192, 1536) is None
         assert table.lookup(2, 8192, 1536) is None
     assert table.table_source() == (None, "none (heuristic)")
+
+
+def test_swap_ab_shared_quantizer_refuses_padded_token_tiles():
+    """Rastered along N, a swizzle pads the token tiles: a cluster sharing the quantizer
+    would wait for a tile past M that no peer quantizes."""
+    t = Tactic(kind="swap_ab", tile_m=16, cluster_n=2, fused_act_quant=True, swizzle=2, raster_along_m=False)
+    assert t.problems(8192) and not dataclasses.replace(t, cluster_n=1).problems(8192)
+    assert not can_run("sm_90a", t, 8192, 1536)

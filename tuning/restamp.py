@@ -4,12 +4,14 @@
 A table records the fingerprint of the kernel sources it was tuned with, and is ignored
 once they change (table.kernel_fingerprint). An edit that only moves code (a refactor, a
 comment) leaves the timings valid. This proves it on the CPU instead of re-tuning on the
-GPU: every distinct tactic of the tables (at its N and K, with the tuner's numerics) is
+GPU: every distinct tactic of the tables (at its N and K, under each of NUMERICS) is
 compiled for the tables' arch from REV's kernel sources (a git worktree) and from this
-tree's, each in a subprocess with a cache directory of its own; only if every PTX is
-byte-identical is each table's kernel_fingerprint set to this tree's (then `tune --merge`
-rebuilds the packaged table). Otherwise nothing is written and the tactics whose code
-changed are listed: re-tune those tables on the GPU.
+tree's, in two subprocesses with cache directories of their own. Only if every PTX and
+every module's IR are byte-identical (CuTe DSL's clean IR, which also holds the host
+side's launch: grid, cluster, block, shared-memory size, PDL; the PTX does not) is each
+table's kernel_fingerprint set to this tree's (then `tune --merge` rebuilds the packaged
+table). Otherwise nothing is written and the tactics whose code changed are listed:
+re-tune those tables on the GPU.
 """
 from __future__ import annotations
 
@@ -23,17 +25,20 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NUMERICS = dict(hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4", positions_dtype="int64")
+# the tuner's numerics first, then the other code paths a table's tactic also serves
+NUMERICS = (dict(hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4", positions_dtype="int64"),
+            dict(hadamard=False, fp4_rounding="rne", out_format="mxfp4", positions_dtype="int32"),
+            dict(hadamard=True, fp4_rounding="floor-ties", out_format="fp8", positions_dtype="int64"),
+            dict(hadamard=False, fp4_rounding="floor-ties", out_format="bf16", positions_dtype="int64"))
 
 
 def table_jobs(paths: list[Path]) -> tuple[str, list[dict]]:
     """(arch, the distinct compile jobs {tactic, n, k, sms}) of the tables."""
     arches, jobs = set(), {}
     for path in paths:
-        table = json.loads(path.read_text())
+        table = json.loads(Path(path).read_text())
         meta = table["metadata"]
-        arch = meta.get("arch", "sm_90a")
-        arches.add(arch)
+        arches.add(meta.get("arch", "sm_90a"))
         for entry in table["entries"]:
             job = {"tactic": entry["tactic"], "n": entry["n"], "k": entry["k"], "sms": meta["sms"]}
             jobs[json.dumps(job, sort_keys=True)] = job
@@ -42,38 +47,54 @@ def table_jobs(paths: list[Path]) -> tuple[str, list[dict]]:
     return arches.pop(), list(jobs.values())
 
 
-def dump_ptx_digests(arch: str, jobs: list[dict]) -> list[str]:
-    """In this process's source tree: sha256 of each job's PTX."""
+def dump_digests(arch: str, jobs: list[dict]) -> list[str]:
+    """In this process's source tree: for each job, sha256 of its PTX and clean IR under
+    every NUMERICS. Run as the worker, with CUTE_DSL_KEEP=ir and CUTE_DSL_DUMP_DIR set."""
     from indexer_q import jit
     from indexer_q.tactics import Tactic
 
+    ir_dir = Path(os.environ["CUTE_DSL_DUMP_DIR"])
     out = []
     for job in jobs:
-        config = Tactic.from_dict(job["tactic"]).to_config(arch, **NUMERICS)
-        with tempfile.TemporaryDirectory() as keep:
-            jit.compile_fused(config, job["n"], job["k"], sms=job["sms"], keep_dir=keep)
-            ptx = [p for p in Path(keep).glob("*.ptx")]
-            if len(ptx) != 1:
-                raise RuntimeError(f"restamp: {len(ptx)} PTX files for {job}")
-            out.append(hashlib.sha256(ptx[0].read_bytes()).hexdigest())
+        h = hashlib.sha256()
+        for numerics in NUMERICS:
+            config = Tactic.from_dict(job["tactic"]).to_config(arch, **numerics)
+            for old in ir_dir.glob("*"):
+                old.unlink()
+            with tempfile.TemporaryDirectory() as keep:
+                jit.compile_fused(config, job["n"], job["k"], sms=job["sms"], keep_dir=keep)
+                files = sorted(Path(keep).glob("*.ptx")) + sorted(ir_dir.glob("*.mlir"))
+                if len(files) != 2:
+                    raise RuntimeError(f"restamp: {[f.name for f in files]} for {job}, {numerics}")
+                for f in files:
+                    h.update(f.read_bytes())
+        out.append(h.hexdigest())
     return out
 
 
-def digests_in(tree: Path, arch: str, jobs: list[dict], cache: Path, fingerprint: str) -> list[str]:
-    """dump_ptx_digests run on `tree`'s sources (src/ and the kernels/ it links), which
-    must have `fingerprint`."""
-    with tempfile.TemporaryDirectory() as tmp:
-        job_file, out_file = Path(tmp) / "jobs.json", Path(tmp) / "digests.json"
-        job_file.write_text(json.dumps({"arch": arch, "jobs": jobs}))
-        env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{tree}", INDEXER_Q_CACHE_DIR=str(cache),
-                   CUTE_DSL_ARCH=arch)
+def digests_in(trees: list[tuple[Path, str]], arch: str, jobs: list[dict], tmp: Path) -> list[list[str]]:
+    """dump_digests on each (tree, its kernel fingerprint), the trees at once: one
+    subprocess a tree on its own sources (src/ and the kernels/ it links), each checked to
+    have compiled kernels of that fingerprint."""
+    spec = tmp / "jobs.json"
+    spec.write_text(json.dumps({"arch": arch, "jobs": jobs}))
+    running = []
+    for i, (tree, _) in enumerate(trees):
+        (tmp / f"ir{i}").mkdir()
+        env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{tree}", INDEXER_Q_CACHE_DIR=str(tmp / f"c{i}"),
+                   CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="ir", CUTE_DSL_DUMP_DIR=str(tmp / f"ir{i}"))
         # this file as a script (REV may predate it); indexer_q from `tree` (PYTHONPATH first)
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--dump", str(job_file), str(out_file)],
-                       cwd=tree, env=env, check=True)
-        out = json.loads(out_file.read_text())
-        if out["fingerprint"] != fingerprint:
-            raise RuntimeError(f"restamp: compiled kernels {out['fingerprint']}, not {tree}'s {fingerprint}")
-        return out["digests"]
+        running.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--dump", str(spec),
+                                         str(tmp / f"out{i}.json")], cwd=tree, env=env))
+    if any([p.wait() for p in running]):
+        raise RuntimeError("restamp: a compile worker failed")
+    out = []
+    for i, (tree, fingerprint) in enumerate(trees):
+        got = json.loads((tmp / f"out{i}.json").read_text())
+        if got["fingerprint"] != fingerprint:
+            raise RuntimeError(f"restamp: compiled kernels {got['fingerprint']}, not {tree}'s {fingerprint}")
+        out.append(got["digests"])
+    return out
 
 
 def fingerprint_in(tree: Path, arch: str) -> str:
@@ -90,11 +111,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dump", nargs=2, metavar=("JOBS", "OUT"), help=argparse.SUPPRESS)  # worker mode
     args = ap.parse_args(argv)
     if args.dump:
-        spec = json.loads(Path(args.dump[0]).read_text())
         from indexer_q.table import kernel_fingerprint
 
+        spec = json.loads(Path(args.dump[0]).read_text())
         Path(args.dump[1]).write_text(json.dumps({"fingerprint": kernel_fingerprint(spec["arch"]),
-                                                  "digests": dump_ptx_digests(spec["arch"], spec["jobs"])}))
+                                                  "digests": dump_digests(spec["arch"], spec["jobs"])}))
         return 0
     if not args.baseline or not args.tables:
         ap.error("give --baseline REV and the tables")
@@ -109,10 +130,10 @@ def main(argv=None) -> int:
             if stale:
                 print(f"restamp: not tuned with {args.baseline}'s kernels ({old_fp}): {', '.join(map(str, stale))}")
                 return 1
-            print(f"restamp: compiling {len(jobs)} tactics twice ({args.baseline} and this tree)", flush=True)
             new_fp = fingerprint_in(ROOT, arch)
-            old = digests_in(base, arch, jobs, Path(tmp) / "cache_old", old_fp)
-            new = digests_in(ROOT, arch, jobs, Path(tmp) / "cache_new", new_fp)
+            print(f"restamp: compiling {len(jobs)} tactics x {len(NUMERICS)} numerics in {args.baseline} and in "
+                  "this tree", flush=True)
+            old, new = digests_in([(base, old_fp), (ROOT, new_fp)], arch, jobs, Path(tmp))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
     changed = [job for job, a, b in zip(jobs, old, new) if a != b]
@@ -122,10 +143,11 @@ def main(argv=None) -> int:
     for path in args.tables:
         table = json.loads(path.read_text())
         table["metadata"]["kernel_fingerprint"] = new_fp
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(table, indent=1))  # as table.save_table writes it
-        os.replace(tmp, path)
-    print(f"restamp: {len(jobs)} tactics compile to the same PTX; {len(args.tables)} tables {old_fp} -> {new_fp}")
+        tmp_path = path.with_name(path.name + ".tmp")
+        tmp_path.write_text(json.dumps(table, indent=1))  # as table.save_table writes it
+        os.replace(tmp_path, path)
+    print(f"restamp: {len(jobs)} tactics compile to the same PTX and IR; {len(args.tables)} tables "
+          f"{old_fp} -> {new_fp}")
     return 0
 
 
