@@ -187,3 +187,21 @@ def test_swap_ab_shared_quantizer_refuses_padded_token_tiles():
     t = Tactic(kind="swap_ab", tile_m=16, cluster_n=2, fused_act_quant=True, swizzle=2, raster_along_m=False)
     assert t.problems(8192) and not dataclasses.replace(t, cluster_n=1).problems(8192)
     assert not can_run("sm_90a", t, 8192, 1536)
+
+
+@pytest.mark.parametrize("fields,n,k,why", [
+    (dict(cluster_n=3), 8192, 1536, "cluster_n=3"),
+    (dict(cluster_n=2, split_k=2), 8192, 1536, "split_k=1"),
+    (dict(cluster_n=2, fused_act_quant=False), 8192, 1536, "fused_act_quant"),
+    (dict(cluster_n=4), 8192, 768, "does not divide the 6 K blocks"),
+    (dict(cluster_n=4), 256, 1536, "not a multiple of cluster_n=4"),
+])
+def test_swap_ab_shared_quantizer_limits_are_stated(fields, n, k, why):
+    """The sm_90a swapped-A/B kernel says why it cannot share the quantizer."""
+    from indexer_q.tactics import kernel_class
+
+    t = Tactic(**{**dict(kind="swap_ab", tile_m=16, fused_act_quant=True), **fields})
+    cfg = t.to_config("sm_90a", hadamard=True, fp4_rounding="rne", out_format="mxfp4", positions_dtype="int64")
+    problems = kernel_class("sm_90a", "swap_ab").problems(cfg, n, k)
+    assert any(why in p for p in problems), problems
+    assert not can_run("sm_90a", t, n, k)
