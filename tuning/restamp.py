@@ -140,12 +140,11 @@ def main(argv=None) -> int:
     if changed:
         print(f"restamp: the code of {len(changed)} of {len(jobs)} tactics changed; re-tune. First: {changed[0]}")
         return 1
+    from indexer_q.table import write_table
+
     for path in args.tables:
-        table = json.loads(path.read_text())
-        table["metadata"]["kernel_fingerprint"] = new_fp
-        tmp_path = path.with_name(path.name + ".tmp")
-        tmp_path.write_text(json.dumps(table, indent=1))  # as table.save_table writes it
-        os.replace(tmp_path, path)
+        doc = json.loads(path.read_text())
+        write_table(path, doc["metadata"] | {"kernel_fingerprint": new_fp}, doc["entries"])
     print(f"restamp: {len(jobs)} tactics compile to the same PTX and IR; {len(args.tables)} tables "
           f"{old_fp} -> {new_fp}")
     return 0

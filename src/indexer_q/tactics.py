@@ -159,13 +159,13 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
     # quantizer is the critical path there (trace, V4-Pro M = 16: 1.7 us of quantizing after
     # qr is staged, while the weight's ring stays full). Clusters of 4 within about half
     # the SMs (beyond that not all stay resident).
-    for tile in sorted({swap_ab_tile(m), *(t for t in (8, 16) if t < swap_ab_tile(m))}):
-        if tile > SWAP_AB_QR_STAGED_MAX_TILE:
-            continue
-        units = -(-m // tile) * heads
+    for t in (8, 16, 32, 64):  # M's tile and the smaller ones
+        if t > min(tile, SWAP_AB_QR_STAGED_MAX_TILE):
+            break
+        units = -(-m // t) * heads
         for share in (2, 4):
             if heads % share == 0 and units <= (sms if share == 2 else sms // 2):
-                yield Tactic(kind="swap_ab", tile_m=tile, cluster_n=share, epilogue_warpgroups=2,
+                yield Tactic(kind="swap_ab", tile_m=t, cluster_n=share, epilogue_warpgroups=2,
                              fused_act_quant=True, pipelined_promotion=True)
 
 
