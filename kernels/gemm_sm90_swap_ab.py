@@ -44,7 +44,7 @@ from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROU
                          add_partials, gather_partials, reduce_tensor, scatter_partial,
                          scatter_tensor, send_partial, shared_storage)
 from .swap_ab_kloop_sm90 import PIPELINED_MAX_TILE, TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
-from .swap_ab_quant_sm90 import QR_TMA_MAX_TILE, WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
+from .swap_ab_quant_sm90 import WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
 
 TOKEN_TILES = (8, 16, 32, 64)
 # cluster_n: CTAs of consecutive heads (one cluster) sharing the first token tile's fused
@@ -74,10 +74,9 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90Epilogu
             out.append("swap_ab has no cluster along M but the K split (split_k)")
         if config.cluster_n not in HEAD_CLUSTERS:
             out.append(f"swap_ab cluster_n={config.cluster_n} (heads sharing a token tile's quantizer: {HEAD_CLUSTERS})")
-        elif config.cluster_n > 1 and not (config.fused_act_quant and config.tile_m <= QR_TMA_MAX_TILE
-                                          and config.split_k == 1):
-            out.append(f"swap_ab cluster_n > 1 shares the fused quantizer's work on qr staged by TMA: it needs "
-                       f"fused_act_quant, tile_m <= {QR_TMA_MAX_TILE} and split_k=1")
+        elif config.cluster_n > 1 and not (config.fused_act_quant and config.split_k == 1):
+            out.append("swap_ab cluster_n > 1 shares the fused quantizer's work: it needs fused_act_quant and "
+                       "split_k=1")
         if config.mma_per_promotion != 4:
             out.append("swap_ab promotes once per 128-K block (mma_per_promotion=4)")
         if config.pipelined_promotion and config.tile_m > TWO_PARTIALS_MAX_TILE and not config.fused_act_quant:

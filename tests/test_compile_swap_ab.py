@@ -40,6 +40,8 @@ SM90_CASES = [
     dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True),
     dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2),
     dict(tile_m=8, fused_act_quant=True, split_k=1, epilogue_warpgroups=1, cluster_n=4),
+    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2),
+    dict(tile_m=64, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=4),
 ]
 
 

@@ -154,17 +154,20 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
                 yield Tactic(kind="swap_ab", tile_m=small, split_k=split, epilogue_warpgroups=2,
                              fused_act_quant=True, pipelined_promotion=True)
         small //= 2
-    # Staged token tiles unsplit, the first tile's quantizer shared by a cluster of 2 or 4
-    # heads (each quantizes 1 / cluster_n of the K blocks and sends them to the others): the
+    # Token tiles unsplit, the first tile's quantizer shared by a cluster of 2 or 4 heads
+    # (each quantizes 1 / cluster_n of the K blocks and sends them to the others): the
     # quantizer is the critical path there (trace, V4-Pro M = 16: 1.7 us of quantizing after
-    # qr is staged, while the weight's ring stays full). Clusters of 4 within about half
-    # the SMs (beyond that not all stay resident).
+    # qr is staged, while the weight's ring stays full; 5.3 us for 32 tokens loading qr
+    # themselves). Pairs on up to two rounds of CTAs (the second round's tiles quantize
+    # alone; H200, V4-Pro M = 48: 16-token pairs on 192 tiles 7.84 us against 8.18 for the
+    # table's unshared choice), clusters of 4 within about half the SMs (beyond that not
+    # all stay resident).
     for t in (8, 16, 32, 64):  # M's tile and the smaller ones
-        if t > min(tile, SWAP_AB_QR_STAGED_MAX_TILE):
+        if t > tile:
             break
         units = -(-m // t) * heads
         for share in (2, 4):
-            if heads % share == 0 and units <= (sms if share == 2 else sms // 2):
+            if heads % share == 0 and units <= (2 * sms if share == 2 else sms // 2):
                 yield Tactic(kind="swap_ab", tile_m=t, cluster_n=share, epilogue_warpgroups=2,
                              fused_act_quant=True, pipelined_promotion=True)
 
