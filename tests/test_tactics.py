@@ -38,9 +38,9 @@ def test_swap_ab_limits_match_the_kernel():
     """The host's copies of the sm_90a swapped-A/B kernel's tile limits (the heuristic and
     the candidates use them without importing the kernel)."""
     from indexer_q import tactics
-    from indexer_q.kernels import gemm_sm90_swap_ab, swap_ab_quant_sm90
+    from indexer_q.kernels import swap_ab_kloop_sm90, swap_ab_quant_sm90
 
-    assert tactics.SWAP_AB_PIPELINED_MAX_TILE == gemm_sm90_swap_ab.PIPELINED_MAX_TILE
+    assert tactics.SWAP_AB_PIPELINED_MAX_TILE == swap_ab_kloop_sm90.PIPELINED_MAX_TILE
     assert tactics.SWAP_AB_QR_STAGED_MAX_TILE == swap_ab_quant_sm90.QR_TMA_MAX_TILE
     # where the kernel stages qr and the heads fill half the SMs, the heuristic does not split K
     assert heuristic("sm_90a", 16, 8192, 1536).split_k == 1

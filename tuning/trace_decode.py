@@ -7,6 +7,13 @@ and producer write SM clock stamps at phase boundaries into the unused q output
 engine's qr comes from the kernel before, in L2) and launches eagerly. Printed per phase:
 cycles since the consumer's start, the median CTA and the slowest, medians over the runs;
 the clock rate from the stamps' global timer. One JSON line per case.
+
+`--stream`: as the bench sees it, the kernel launched twice back to back in a CUDA graph
+(programmatic dependent launch lets the second start during the first's tail), on two
+copies of the weight (both cold after the flush); the second launch's stamps are reported,
+and each phase also from the end of its PDL wait (`since_pdl_wait`), where the CTA's own
+work begins. The eager single launch pays a launch the bench does not see, and its
+ranking of two tactics can differ from the bench's (NOTES, eighth session's trace).
 """
 from __future__ import annotations
 
@@ -37,7 +44,44 @@ def trace_once(kernel, operands, x, m: int, n: int, flush: torch.Tensor) -> torc
     return q.view(torch.uint8).reshape(-1).view(torch.int64).clone()
 
 
-def measure(shape: str, m: int, tactic, runs: int) -> dict:
+class StreamTrace:
+    """Two launches captured back to back in one CUDA graph, the second on its own copy
+    of the weight; `run` flushes L2, brings qr back and replays, returning the second
+    launch's stamps."""
+
+    def __init__(self, kernel, operands, second_operands, x, m: int, n: int, flush: torch.Tensor):
+        from indexer_q.reference import empty_outputs
+
+        self.x, self.flush = x, flush
+        outs = [empty_outputs(m, n // 128, "mxfp4", x["qr"].device) for _ in range(2)]
+        self.q = outs[1][0]
+        calls = [(ops, q.view(torch.uint8).view(m, -1).view(torch.int32), s.view(torch.int32))
+                 for ops, (q, s) in zip((operands, second_operands), outs)]
+
+        def launch_both():
+            for ops, q_words, s_words in calls:
+                kernel(*ops, x["positions"], x["cos_sin"], q_words, s_words)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            launch_both()  # warm up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            launch_both()
+
+    def run(self) -> torch.Tensor:
+        self.q.view(torch.uint8).fill_(0)
+        self.flush.add_(1)
+        self.x["qr"].float().sum()
+        self.graph.replay()
+        torch.cuda.synchronize()
+        return self.q.view(torch.uint8).reshape(-1).view(torch.int64).clone()
+
+
+def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict:
     import indexer_q
     from indexer_q import dispatch, jit
     from indexer_q.kernels.gemm_sm90_swap_ab import TRACE_SLOTS
@@ -61,16 +105,24 @@ def measure(shape: str, m: int, tactic, runs: int) -> dict:
     if m * (n // 2) < ctas * TRACE_SLOTS * 8:
         raise SystemExit(f"q output too small for the trace at M={m}")
     flush = torch.zeros(64 << 20, dtype=torch.int32, device="cuda")  # 256 MB, five times L2
-    per_phase = {name: {"median": [], "max": []} for name in PHASES}
+    if stream:
+        second = (operands[0], operands[1].clone(), operands[2].clone()) if tactic.fused_act_quant else \
+            (*operands[:2], operands[2].clone(), operands[3].clone())
+        tracer = StreamTrace(kernel, operands, second, x, m, n, flush)
+    # phases from the CTA's start, and (stream) from the end of its PDL wait as well
+    origins = {"": 1, "since_pdl_wait:": 2} if stream else {"": 1}
+    per_phase = {o + name: {"median": [], "max": []} for o in origins for name in PHASES}
     rates, spans = [], []
     for _ in range(runs):
-        stamps = trace_once(kernel, operands, x, m, n, flush).view(-1, TRACE_SLOTS)[:ctas].tolist()
-        start = [s[1] for s in stamps]
-        for name, slot in PHASES.items():
-            d = sorted(s[slot] - s0 for s, s0 in zip(stamps, start) if s[slot] != 0)
-            if d:
-                per_phase[name]["median"].append(d[len(d) // 2])
-                per_phase[name]["max"].append(d[-1])
+        raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush)
+        stamps = raw.view(-1, TRACE_SLOTS)[:ctas].tolist()
+        for origin, origin_slot in origins.items():
+            start = [s[origin_slot] for s in stamps]
+            for name, slot in PHASES.items():
+                d = sorted(s[slot] - s0 for s, s0 in zip(stamps, start) if s[slot] != 0 and s0 != 0)
+                if d:
+                    per_phase[origin + name]["median"].append(d[len(d) // 2])
+                    per_phase[origin + name]["max"].append(d[-1])
         rates += [(s[12] - s[1]) / (s[13] - s[0]) for s in stamps if s[13] > s[0]]
         spans.append((max(s[13] for s in stamps) - min(s[0] for s in stamps)) / 1000)  # us, first start to last hand-off
     ghz = statistics.median(rates) if rates else float("nan")
@@ -79,6 +131,7 @@ def measure(shape: str, m: int, tactic, runs: int) -> dict:
                      "us_slowest_cta": statistics.median(v["max"]) / ghz / 1000}
               for name, v in per_phase.items() if v["median"]}
     return {"shape": shape, "M": m, "N": n, "K": k, "tactic": tactic.as_dict(), "ctas": ctas, "runs": runs,
+            "launches": "two in a CUDA graph, the second's stamps" if stream else "one, eager",
             "sm_clock_GHz": ghz, "consumer_span_us": statistics.median(spans), "phases": phases}
 
 
@@ -91,11 +144,13 @@ def main(argv=None):
     ap.add_argument("--m", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--tactic", required=True, help="swap_ab tactic fields, e.g. kind=swap_ab,tile_m=64,split_k=2")
     ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--stream", action="store_true",
+                    help="two launches back to back in a CUDA graph (PDL), the second's stamps")
     args = ap.parse_args(argv)
     tactic = Tactic(**parse_fields(args.tactic))
     for shape in args.shapes:
         for m in args.m:
-            row = measure(shape, m, tactic, args.runs)
+            row = measure(shape, m, tactic, args.runs, stream=args.stream)
             print(json.dumps(row), flush=True)
             for name, p in row["phases"].items():
                 print(f"  {shape} M={m} {name:20s} {p['us_median_cta']:6.2f} us (slowest CTA {p['us_slowest_cta']:6.2f})")
