@@ -185,8 +185,12 @@ def test_swap_ab_shared_quantizer_refuses_padded_token_tiles():
     """Rastered along N, a swizzle pads the token tiles: a cluster sharing the quantizer
     would wait for a tile past M that no peer quantizes."""
     t = Tactic(kind="swap_ab", tile_m=16, cluster_n=2, fused_act_quant=True, swizzle=2, raster_along_m=False)
-    assert t.problems(8192) and not dataclasses.replace(t, cluster_n=1).problems(8192)
+    assert t.problems(8192) and not dataclasses.replace(t, cluster_n=1, fused_act_quant=False).problems(8192)
     assert not can_run("sm_90a", t, 8192, 1536)
+    # nor may the fused quantizer alone: where its quantizers load qr themselves (32-64
+    # tokens), the producer waits for their first loads, and a tile past M has none
+    fused = dataclasses.replace(t, cluster_n=1, tile_m=32)
+    assert fused.problems(8192) and not can_run("sm_90a", fused, 8192, 1536)
 
 
 @pytest.mark.parametrize("fields,n,k,why", [

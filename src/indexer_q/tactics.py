@@ -66,15 +66,17 @@ class Tactic:
         """What this tactic cannot do for N (heads) beyond what a kernel's can_implement
         says: a tile-scheduler swizzle along N rounds the number of head clusters up to
         a multiple of it, and the padded tiles would write past the last head; rastered
-        along N it pads the token tiles instead, and a swapped-A/B cluster sharing its
-        quantizer would wait for bytes no peer sends for a tile past M."""
+        along N it pads the token tiles instead, where a swapped-A/B cluster sharing its
+        quantizer would wait for bytes no peer sends, and the fused quantizer's producer
+        for the quantizers' first loads of qr (none in a tile wholly past M)."""
         head_clusters = (n // 128) // self.cluster_n
         if self.swizzle > 1 and self.raster_along_m and head_clusters % self.swizzle:
             return [f"swizzle={self.swizzle} along N needs the head clusters ({head_clusters}) "
                     "to be a multiple of it"]
-        if self.kind == "swap_ab" and self.cluster_n > 1 and self.swizzle > 1 and not self.raster_along_m:
-            return [f"swap_ab cluster_n={self.cluster_n} with swizzle={self.swizzle} rastered along N pads the "
-                    "token tiles past M"]
+        if (self.kind == "swap_ab" and (self.cluster_n > 1 or self.fused_act_quant) and self.swizzle > 1
+                and not self.raster_along_m):
+            what = f"cluster_n={self.cluster_n}" if self.cluster_n > 1 else "fused_act_quant"
+            return [f"swap_ab {what} with swizzle={self.swizzle} rastered along N pads the token tiles past M"]
         return []
 
     def to_config(self, arch: str, *, hadamard: bool, fp4_rounding: str, out_format: str,
