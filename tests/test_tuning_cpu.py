@@ -24,6 +24,20 @@ def test_problem_bytes_counts_the_output_format():
     assert bench.problem_bytes(16, 8192, 1536, "fp8") - bench.problem_bytes(16, 8192, 1536) == 16 * 8192 // 2
 
 
+def test_bench_forces_the_tactics_asked_for():
+    from indexer_q.tactics import heuristic, valid_tactics
+
+    m, n, k = 32, 8192, 1536
+    assert bench.forced_tactics(m, n, k) == {}
+    spec = bench.forced_tactics(m, n, k, specs=["split_k=1"])
+    assert spec == {"split_k=1": Tactic(**{**heuristic("sm_90a", m, n, k).as_dict(), "split_k": 1})}
+    shared = bench.forced_tactics(m, n, k, where=["cluster_n=2", "tile_m=8,split_k=2"])
+    assert shared and all(t.cluster_n == 2 or (t.tile_m == 8 and t.split_k == 2) for t in shared.values())
+    assert sorted(map(str, shared.values())) == sorted(
+        str(t) for t in valid_tactics("sm_90a", m, n, k) if t.cluster_n == 2 or (t.tile_m == 8 and t.split_k == 2))
+    assert len(bench.forced_tactics(m, n, k, every=True)) == len(valid_tactics("sm_90a", m, n, k))
+
+
 def test_tuner_prefers_the_heuristic_within_the_noise():
     a, b = Tactic(tile_m=64), Tactic(tile_m=128)
     assert tune.NOISE == 0.03

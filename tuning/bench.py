@@ -8,7 +8,8 @@ after another, which let the same kernel measure up to 8% apart by its place in 
 
 Contenders, per (shape, M):
   fused            the op with its default tactic choice (table, else heuristic)
-  fused[<tactic>]  each valid tactic forced (--all-tactics) or those given by --tactic
+  fused[<tactic>]  each valid tactic forced (--all-tactics, or those whose fields match
+                   --tactics-where) or those given by --tactic
   unfused          the chain a Hopper engine runs today: activation quantization (our
                    kernel), cuBLAS block-scaled FP8 GEMM (torch._scaled_mm, 1x128 /
                    128x128 scales, bf16 out), the Triton RoPE + Hadamard + MXFP4 kernel
@@ -436,6 +437,20 @@ def plot(rows, stem: Path):
     fig.savefig(stem.with_name(stem.name + "_speedup.png"), dpi=110)
 
 
+def forced_tactics(m: int, n: int, k: int, specs=(), where=(), every=False) -> dict:
+    """The forced contenders at (M, N, K): each spec's fields over the heuristic's tactic
+    (named by the spec), then every valid tactic (`every`) or those matching any of `where`'s
+    fields (named by their fields)."""
+    from indexer_q.tactics import heuristic, valid_tactics
+
+    tactics = {spec: dataclasses.replace(heuristic("sm_90a", m, n, k), **parse_fields(spec)) for spec in specs}
+    wanted = [parse_fields(spec) for spec in where]
+    for t in valid_tactics("sm_90a", m, n, k) if every or wanted else []:
+        if every or any(all(getattr(t, f) == v for f, v in w.items()) for w in wanted):
+            tactics.setdefault(json.dumps(t.as_dict(), sort_keys=True), t)
+    return tactics
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="indexer-q bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -447,6 +462,9 @@ def main(argv=None):
     ap.add_argument("--tactic", nargs="*", default=[],
                     help="also time forced tactics, each 'field=value,...' over the heuristic's")
     ap.add_argument("--all-tactics", action="store_true", help="also time every valid tactic")
+    ap.add_argument("--tactics-where", nargs="*", default=[],
+                    help="also time every valid tactic with these fields, each 'field=value,...' "
+                         "(e.g. cluster_m=2: the candidates a kernel change added)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--sequential", action="store_true",
@@ -454,7 +472,6 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="output stem (default tuning/results/bench_<date>)")
     ap.add_argument("--json", default=None, help="(compat) also write the JSON here")
     args = ap.parse_args(argv)
-    from indexer_q.tactics import heuristic, valid_tactics
 
     ms = args.m or (QUICK_MS if args.quick else FULL_MS)
     bw = measure_copy_bandwidth()
@@ -466,11 +483,7 @@ def main(argv=None):
     for i, (shape, fmt_, m) in enumerate(jobs):
         progress(i, len(jobs), f"{shape} {fmt_} M={m}")
         n, k = SHAPES[shape]
-        tactics = {spec: dataclasses.replace(heuristic("sm_90a", m, n, k), **parse_fields(spec))
-                   for spec in args.tactic}
-        if args.all_tactics:
-            for t in valid_tactics("sm_90a", m, n, k):
-                tactics.setdefault(json.dumps(t.as_dict(), sort_keys=True), t)
+        tactics = forced_tactics(m, n, k, args.tactic, args.tactics_where, args.all_tactics)
         row = {"shape": shape} | bench_shape(m, n, k, bw, hadamard=not args.no_hadamard, out_format=fmt_,
                                               tactics=tactics, peers=not args.no_peers,
                                               interleave=not args.sequential)
