@@ -225,13 +225,19 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
 SM90_SMS = 132  # H100 / H200 SXM: the default where the caller does not give the GPU's count
 
 
+def _many_heads(heads: int, sms: int) -> bool:
+    """Heads that fill more than a quarter of the SMs with one CTA each (V4's 64 on 132,
+    not TP8's 8): the heuristic sizes tiles, K splits and its swapped-A/B range by this."""
+    return heads * 4 > sms
+
+
 def _decode_token_tile(m: int, heads: int, sms: int) -> int:
     """The heuristic's token tile. Many heads (64: V4) fill about half the SMs with one CTA
     a head: the tile that holds M up to 32 tokens, 32-token tiles above (H200 tables, sixth
     session: V4-Flash M = 128 9.1 us against 11.0 with 64-token tiles). Few heads (TP8's 8):
     the smallest tile whose CTAs fit one round, so that more SMs quantize, multiply and
     run the epilogue (TP8 M = 64: 8- or 16-token tiles 4.9 us against 9.6 before)."""
-    if heads * 4 > sms:
+    if _many_heads(heads, sms):
         return min(32, swap_ab_tile(m))
     tile = 8
     while tile < swap_ab_tile(m) and -(-m // tile) * heads > sms:
@@ -257,8 +263,7 @@ def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int) ->
         # and few heads are fastest on about half the SMs (TP8 M = 64: 4.1-5.1 us on 64 CTAs,
         # 4.5-5.2 on 128); many heads want them all (V4-Pro M = 32: 7.3 us split in 2 on 128
         # CTAs, 9.5 unsplit on 64).
-        few_heads = heads * 4 <= sms
-        return units * split <= (sms // 2 if split == 4 or few_heads else sms)
+        return units * split <= (sms // 2 if split == 4 or not _many_heads(heads, sms) else sms)
 
     splits = [s for s in (4, 2, 1) if (k // 128) % s == 0 and fits(s)] or [1]
     share = 1  # heads (a cluster) sharing the first token tile's fused quantizer
@@ -292,7 +297,7 @@ def heuristic(arch: str, m: int, n: int, k: int, sms: int | None = None) -> Tact
     if arch == "sm_100a":
         return Tactic(tile_m=128)
     sms = sms or SM90_SMS
-    if m <= (SWAP_AB_HEURISTIC_MAX_M if n // 128 * 4 > sms else SWAP_AB_MAX_M):
+    if m <= (SWAP_AB_HEURISTIC_MAX_M if _many_heads(n // 128, sms) else SWAP_AB_MAX_M):
         # Decode and small batches: swapped A/B, one launch, the K split filling about the SMs (H200: V4-Pro
         # M = 1 6.2 us split in 2, 7.0 unsplit, 10.8 split in 4; TP8 3.7-3.9 split in 4,
         # 4.9 unsplit), two epilogue warpgroups (they also quantize the first tile: H200
