@@ -66,7 +66,10 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         self.epi_wgs = config.epilogue_warpgroups
         self.split_k = config.split_k
         self.share = config.cluster_n  # heads sharing the first token tile's quantizer
-        self.cluster_shape_mn = (config.split_k, config.cluster_n)
+        self.weight_sharers = config.cluster_m  # token tiles sharing a head's weight (multicast)
+        # the cluster: a K split's ranks, or token tiles sharing the weight, along M (never
+        # both); heads sharing the quantizer along N
+        self.cluster_shape_mn = (config.split_k * config.cluster_m, config.cluster_n)
         self.skip_rows_past_m = True
         self.tc_hadamard = False
         self.fused = config.fused_act_quant
@@ -151,9 +154,12 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         self.w_smem_staged = cute.tile_to_shape(atom, (epi.HEAD_DIM, bk, stages), order=(0, 1, 2))
         # B: a ring stage per K block, or (fused_act_quant) the rank's K blocks resident
         self.b_smem = cute.tile_to_shape(atom, (t, bk, self.k_blocks if self.fused else stages), order=(0, 1, 2))
+        w_op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+        if cutlass.const_expr(self.weight_sharers > 1):
+            w_op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
         tma_w, mW = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), w, cute.slice_(self.w_smem_staged, (None, None, 0)),
-            (epi.HEAD_DIM, bk))
+            w_op, w, cute.slice_(self.w_smem_staged, (None, None, 0)), (epi.HEAD_DIM, bk),
+            num_multicast=self.weight_sharers)
         tma_a, mA = tma_w, mW  # fused_act_quant: qr's staging TMA, or unused (the kernel loads qr)
         tx_bytes = epi.HEAD_DIM * bk
         if cutlass.const_expr(self.stages_qr_by_tma(self.config)):
@@ -229,16 +235,23 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
+        # A K split's ranks and heads sharing the quantizer each load and release their own
+        # stages: the mode picked is the one along which the cluster has a single CTA. Token
+        # tiles sharing the weight (along M) each write part of every stage of all of them,
+        # so each consumer warp releases a stage to every CTA of the cluster (mode N: the
+        # CTAs of its head).
+        release_mode = (1, 0) if self.share == 1 else (0, 1)
+        if cutlass.const_expr(self.weight_sharers > 1):
+            release_mode = (0, 1)
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.pipeline_mbar.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),  # the consumer's warps
+            # the consumer's warps, each arriving once for every CTA it releases to
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.weight_sharers),
             tx_count=self.tx_bytes,
-            # each rank loads and releases its own stages (nothing is multicast): the mode
-            # picked is the one along which the cluster has a single CTA
             cta_layout_vmnk=cute.make_layout((1, *self.cluster_shape_mn, 1)),
-            mcast_mode_mn=(1, 0) if self.share == 1 else (0, 1),
+            mcast_mode_mn=release_mode,
             defer_sync=True,
         )
         epi_pipeline = pipeline.PipelineAsync.create(
@@ -337,11 +350,18 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         t, bk = self.tile_rows, SCALE_BLOCK_K
         self._stamp(trace, 14, lane)
         one_cta = cute.make_layout(1)
-        # (TMA view, heads, K blocks) and (TMA view, token tiles, K blocks)
+        # (TMA view, heads, K blocks) and (TMA view, token tiles, K blocks). Token tiles
+        # sharing the weight: this CTA's slice of each block, multicast to the cluster.
+        w_ctas, w_coord, w_mask = one_cta, 0, None
+        if cutlass.const_expr(self.weight_sharers > 1):
+            w_ctas = cute.make_layout(self.weight_sharers)
+            w_coord = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            w_mask = cute.make_layout_image_mask(cute.make_layout((self.weight_sharers, 1, 1)), (w_coord, 0, 0),
+                                                 mode=0)  # every CTA of the cluster
         tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
-            tma_w, 0, one_cta, cute.group_modes(sW, 0, 2),
+            tma_w, w_coord, w_ctas, cute.group_modes(sW, 0, 2),
             cute.group_modes(cute.local_tile(mW, (epi.HEAD_DIM, bk), (None, None)), 0, 2))
-        tAsB, tAgA = tWsW, tWgW
+        tAsB, tAgA = tWsW, tWgW  # placeholders where nothing else is loaded by TMA
         if cutlass.const_expr(not self.fused):
             tAsB, tAgA = cute.nvgpu.cpasync.tma_partition(
                 tma_a, 0, one_cta, cute.group_modes(sB, 0, 2),
@@ -375,8 +395,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                         self._wait_for_qr_loads()
                 if cutlass.const_expr(kb < early):
                     ab_pipeline.producer_acquire(state)
-                    cute.copy(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)],
-                              tma_bar_ptr=ab_pipeline.producer_get_barrier(state))
+                    self._load_weight(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)],
+                                      ab_pipeline.producer_get_barrier(state), w_mask)
                     state.advance()
         if cutlass.const_expr(self.config.pdl):
             cute.arch.griddepcontrol_wait()
@@ -400,7 +420,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             for kb in range(first, self.k_blocks):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
-                cute.copy(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)], tma_bar_ptr=bar)
+                self._load_weight(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)], bar, w_mask)
                 if cutlass.const_expr(not self.fused):
                     cute.copy(tma_a, tAgA_m[(None, k_begin + kb)], tAsB[(None, state.index)], tma_bar_ptr=bar)
                 ab_pipeline.producer_commit(state)
@@ -410,6 +430,13 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             work = sched.get_current_work()
         self._stamp(trace, 15, lane)
         ab_pipeline.producer_tail(state)
+
+    def _load_weight(self, tma_w, src, dst, bar, mask):
+        """A weight block (or, shared by token tiles, this CTA's slice of it for all of them)."""
+        if cutlass.const_expr(mask is None):
+            cute.copy(tma_w, src, dst, tma_bar_ptr=bar)
+        else:
+            cute.copy(tma_w, src, dst, tma_bar_ptr=bar, mcast_mask=mask)
 
     @cute.jit
     def _consumer(self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, sB_ptr, sActScale, staging, ctidx,

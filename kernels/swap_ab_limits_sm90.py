@@ -14,6 +14,11 @@ TOKEN_TILES = (8, 16, 32, 64)
 # quantization: each quantizes 1 / cluster_n of the K blocks and sends its e4m3 bytes and
 # scales to the others through distributed shared memory (kernels/swap_ab_quant_sm90.py).
 HEAD_CLUSTERS = (1, 2, 4)
+# cluster_m: CTAs of consecutive token tiles of one head (one cluster) sharing its weight:
+# each requests 1 / cluster_m of every weight block and multicasts it to all of them, so
+# the head's weight crosses from L2 once a cluster instead of once a token tile.
+WEIGHT_CLUSTERS = (1, 2)
+WEIGHT_SHARED_MAX_TILE = 32  # 64-token tiles are tight on registers, and two of them cover M = 128
 
 
 class Sm90SwapABLimits:
@@ -27,8 +32,13 @@ class Sm90SwapABLimits:
         out = super().config_problems(config)
         if config.tile_m not in TOKEN_TILES:
             out.append(f"tile_m={config.tile_m} (sm_90a swap_ab: tokens on the MMA's N, {TOKEN_TILES})")
-        if config.cluster_m != 1:
-            out.append("swap_ab has no cluster along M but the K split (split_k)")
+        if config.cluster_m not in WEIGHT_CLUSTERS:
+            out.append(f"swap_ab cluster_m={config.cluster_m} (token tiles sharing a head's weight: {WEIGHT_CLUSTERS})")
+        elif config.cluster_m > 1 and (config.split_k > 1 or config.cluster_n > 1):
+            out.append("swap_ab cluster_m > 1 (token tiles sharing the weight) needs split_k=1 and cluster_n=1")
+        elif config.cluster_m > 1 and config.tile_m > WEIGHT_SHARED_MAX_TILE:
+            out.append(f"swap_ab cluster_m > 1 (token tiles sharing the weight) needs tile_m <= "
+                       f"{WEIGHT_SHARED_MAX_TILE}")
         if config.cluster_n not in HEAD_CLUSTERS:
             out.append(f"swap_ab cluster_n={config.cluster_n} (heads sharing a token tile's quantizer: {HEAD_CLUSTERS})")
         elif config.cluster_n > 1 and not (config.fused_act_quant and config.split_k == 1):

@@ -138,6 +138,10 @@ class Sm90SwapABQuantizer:
         groups = helpers * WARPGROUP // QUANT_LANES
         rounds = (t * blocks + groups - 1) // groups  # a full tile's
         live = cutlass.min(t, m - row0)  # rows below M (row0 < M)
+        if cutlass.const_expr(self.weight_sharers > 1):
+            # none in a tile wholly past M (the last of a cluster of token tiles sharing the
+            # weight, where the tiles run out): it only takes part in the weight's loads
+            live = cutlass.max(0, live)
         units = live * blocks
         live_rounds = (units + groups - 1) // groups
         half = qtidx // QUANT_LANES
@@ -168,6 +172,10 @@ class Sm90SwapABQuantizer:
             budget = min(budget, 4)
         batches = (rounds + budget - 1) // budget
         batch = (rounds + batches - 1) // batches
+        if cutlass.const_expr(helpers > 1 and staging is None and self.weight_sharers > 1):
+            if live_rounds == 0:  # nothing to load: the producer's wait must not hang on us
+                cute.arch.barrier_arrive(barrier_id=BAR_QR_LOADS_ISSUED,
+                                         number_of_threads=32 + helpers * WARPGROUP, aligned=False)
         for first in cutlass.range(0, live_rounds, batch, unroll=1):  # a loop: unrolled it spilled at T = 64
             loaded = []
             for it in cutlass.range_constexpr(batch):

@@ -42,6 +42,10 @@ SM90_CASES = [
     dict(tile_m=8, fused_act_quant=True, split_k=1, epilogue_warpgroups=1, cluster_n=4),
     dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2),
     dict(tile_m=64, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=4),
+    dict(tile_m=8, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2),
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2),
+    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2),
+    dict(tile_m=16, fused_act_quant=False, split_k=1, epilogue_warpgroups=1, cluster_m=2),
 ]
 
 
@@ -76,6 +80,8 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
     if cfg.cluster_n > 1:  # heads sharing the first tile's quantizer: a lane's 8 e4m3 bytes, a scale
         assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32" in flat
         assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32" in flat
+    # token tiles sharing the weight: its loads multicast to the cluster; otherwise none are
+    assert ("multicast::cluster" in flat) == (cfg.cluster_m > 1)
     if cfg.fused_act_quant:  # the e4m3 conversion in the kernel
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
         assert "griddepcontrol.launch_dependents" in ptx  # lets the next grid start early (PDL)
@@ -136,7 +142,11 @@ def test_swap_ab_limits():
     assert not S90.can_implement(GemmConfig(tile_m=128, **sw), 8192, 1536)  # tokens on N: 8..64
     assert not S90.can_implement(GemmConfig(tile_m=16, split_k=8, **sw), 8192, 1536)  # 12 K blocks
     assert S90.can_implement(GemmConfig(tile_m=16, split_k=8, **sw), 8192, 1024)
-    assert not S90.can_implement(GemmConfig(tile_m=16, cluster_m=2, **sw), 8192, 1536)
+    # token tiles sharing the weight: pairs of tiles up to 32 tokens, alone on their axis
+    assert S90.can_implement(GemmConfig(tile_m=16, cluster_m=2, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=16, cluster_m=4, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=64, cluster_m=2, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=16, cluster_m=2, split_k=2, **sw), 8192, 1536)
     # shared memory: a gathering split of 6 keeps 5 slots of the 64-token tile (160 KB); a
     # reduce-scattering one (8 ranks, one group of 8 tokens each) keeps 8 slots of 8 tokens
     assert not S90.can_implement(GemmConfig(tile_m=64, split_k=6, fused_act_quant=True, **sw), 1024, 1536)

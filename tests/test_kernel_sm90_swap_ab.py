@@ -157,6 +157,43 @@ def test_swap_ab_heads_sharing_the_quantizer_equal_one_head(m, n, k, tactic, big
     assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} {tactic}"
 
 
+# Token tiles sharing a head's weight (cluster_m = 2): each CTA of a pair requests half of
+# every weight block and multicasts it to both. Tiles of 8 and 16 (qr staged by TMA) and 32
+# (quantizers loading qr); one and two epilogue warpgroups; the separate quantizer; K = 1024
+# and 1536. An odd number of token tiles, where the pair's second tile lies wholly past M and
+# only takes part in the weight's loads: M = 1 at T = 8 (the only tile), M = 40 at T = 16
+# (fused and separate), M = 33 at T = 32 (a first tile whose quantizers load nothing, and a
+# last tile of 1 live row). A CTA moving to another token tile (its tiles quantized by the
+# consumer alone, a second staging of qr, a padded tile on a later work unit): 7 token
+# tiles make 4 token-tile clusters, which 66 clusters do not divide, at T = 8, 16 and 32
+# (with 2 or 3 token-tile clusters, which divide 66, a CTA keeps one token tile throughout).
+WEIGHT_SHARED_CASES = [
+    (m, n, k, Tactic(kind="swap_ab", tile_m=t, cluster_m=2, epilogue_warpgroups=e, fused_act_quant=f,
+                     pipelined_promotion=p))
+    for m, n, k, t, e, f, p in (
+        (16, 8192, 1536, 8, 2, True, True), (24, 8192, 1024, 16, 2, True, True), (1, 1024, 1536, 8, 2, True, True),
+        (40, 8192, 1536, 16, 2, True, True), (64, 8192, 1536, 32, 2, True, True), (33, 1024, 1536, 32, 2, True, True),
+        (50, 8192, 1536, 8, 2, True, True), (100, 8192, 1536, 16, 2, True, True), (200, 8192, 1536, 32, 2, True, True),
+        (100, 1024, 1024, 16, 1, True, False), (40, 8192, 1536, 16, 1, False, False))
+]
+
+
+@pytest.mark.parametrize("m,n,k,tactic", WEIGHT_SHARED_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_token_tiles_sharing_the_weight_equal_one_tile(m, n, k, tactic, big_cos_sin):
+    """The same blocks in the same order, whoever requested them: the bytes of the
+    unclustered tactic."""
+    from indexer_q import prepare_weights
+
+    _needs_sm90()
+    seed = _seed()
+    x = _inputs(m, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    q, s = _run_twice(x, weights, tactic=tactic, **HELPER_OPTS)
+    rq, rs = _run_twice(x, weights, tactic=dataclasses.replace(tactic, cluster_m=1), **HELPER_OPTS)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), f"M={m} N={n} K={k} seed={seed} {tactic}"
+    assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} {tactic}"
+
+
 @pytest.fixture(scope="module")
 def helpers_precompiled():
     _needs_sm90()

@@ -199,6 +199,11 @@ def test_swap_ab_shared_quantizer_refuses_padded_token_tiles():
     (dict(cluster_n=2, fused_act_quant=False), 8192, 1536, "fused_act_quant"),
     (dict(cluster_n=4), 8192, 768, "does not divide the 6 K blocks"),
     (dict(cluster_n=4), 256, 1536, "not a multiple of cluster_n=4"),
+    # token tiles sharing the weight: pairs only, and neither with a K split nor with heads
+    # sharing the quantizer (one cluster axis each)
+    (dict(cluster_m=4), 8192, 1536, "cluster_m=4"),
+    (dict(cluster_m=2, split_k=2), 8192, 1536, "needs split_k=1 and cluster_n=1"),
+    (dict(cluster_m=2, cluster_n=2), 8192, 1536, "needs split_k=1 and cluster_n=1"),
 ])
 def test_swap_ab_shared_quantizer_limits_are_stated(fields, n, k, why):
     """The sm_90a swapped-A/B kernel says why it cannot share the quantizer."""

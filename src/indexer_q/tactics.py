@@ -172,6 +172,18 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
             if heads % share == 0 and units <= (2 * sms if share == 2 else sms // 2):
                 yield Tactic(kind="swap_ab", tile_m=t, cluster_n=share, epilogue_warpgroups=2,
                              fused_act_quant=True, pipelined_promotion=True)
+    # Pairs of token tiles sharing a head's weight (cluster_m = 2: each CTA requests half of
+    # every block and multicasts it to both), where M spans two tiles or more, on up to two
+    # rounds of CTAs. Another token tile with the same work a CTA costs 0.9-1.3 us at V4 in
+    # the H200 tables (V4-Pro 16-token tiles: 6.79 us at M = 16, 7.97 at 32; 8-token tiles
+    # 6.11 at M = 8, 7.45 at 16): the weight crossing from L2 once a tile.
+    for t in (8, 16, 32):
+        tiles = -(-m // t)
+        if t > tile or tiles < 2:
+            continue
+        if -(-tiles // 2) * 2 * heads <= 2 * sms:
+            yield Tactic(kind="swap_ab", tile_m=t, cluster_m=2, epilogue_warpgroups=2, fused_act_quant=True,
+                         pipelined_promotion=True)
 
 
 def _candidates():
