@@ -5,7 +5,7 @@
 #   bash tuning/retune_bench.sh OUT [COMMIT]
 # Bring back OUT/t/*.json (copy to tuning/tables/ and src/indexer_q/tables/) and OUT/b/bench.*.
 set -uo pipefail
-out=$1; mkdir -p "$out/t" "$out/b"
+out=$1; commit=${2:-unknown}; mkdir -p "$out/t" "$out/b"
 export INDEXER_Q_CACHE_DIR=/tmp/iq_cache
 t0=$SECONDS
 for mt in "v4-pro 1" "v4-flash 1" "v4-pro 8" "v4-flash 8"; do
@@ -15,5 +15,5 @@ for mt in "v4-pro 1" "v4-flash 1" "v4-pro 8" "v4-flash 8"; do
 done
 cp "$out"/t/NVIDIA_H200_v4-*.json tuning/tables/ && python3 -m tuning.tune --merge tuning/tables/NVIDIA_H200_v4-*_tp*.json
 cp src/indexer_q/tables/NVIDIA_H200.json "$out/t/"
-INDEXER_Q_COMMIT=${2:-unknown} timeout $((590 - (SECONDS - t0))) python3 -m tuning.bench --m 1 2 3 4 8 13 16 24 32 48 64 96 128 192 256 512 --no-plots --out "$out/b/bench" > "$out/b/bench.log" 2>&1
+INDEXER_Q_COMMIT=$commit timeout $((590 - (SECONDS - t0))) python3 -m tuning.bench --m 1 2 3 4 8 13 16 24 32 48 64 96 128 192 256 512 --no-plots --out "$out/b/bench" > "$out/b/bench.log" 2>&1
 echo "bench rc=$? at $((SECONDS - t0)) s"
