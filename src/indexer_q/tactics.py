@@ -174,9 +174,11 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
                              fused_act_quant=True, pipelined_promotion=True)
     # Pairs of token tiles sharing a head's weight (cluster_m = 2: each CTA requests half of
     # every block and multicasts it to both), where M spans two tiles or more, on up to two
-    # rounds of CTAs. Another token tile with the same work a CTA costs 0.9-1.3 us at V4 in
-    # the H200 tables (V4-Pro 16-token tiles: 6.79 us at M = 16, 7.97 at 32; 8-token tiles
-    # 6.11 at M = 8, 7.45 at 16): the weight crossing from L2 once a tile.
+    # rounds of CTAs: each head's weight then enters the SMs once a pair, not once a tile
+    # (a second tile's copy arrives no faster than DRAM serves the first: graph trace, V4-Pro
+    # M = 64). But each CTA quantizes its tile alone; on the H200 they won at V4-Flash M =
+    # 17-32 and V4-Pro M = 97-128 (ninth session) and lost to heads sharing the quantizer
+    # elsewhere.
     for t in (8, 16, 32):
         tiles = -(-m // t)
         if t > tile or tiles < 2:
