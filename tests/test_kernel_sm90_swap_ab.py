@@ -123,6 +123,20 @@ HELPER_CASES = [
 ]
 
 
+def _assert_same_bytes(m, n, k, tactic, reference, big_cos_sin):
+    """`tactic` writes the bytes (q and scales) `reference` writes, on fresh random inputs
+    (outputs poisoned, each run twice)."""
+    from indexer_q import prepare_weights
+
+    seed = _seed()
+    x = _inputs(m, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    q, s = _run_twice(x, weights, tactic=tactic, **HELPER_OPTS)
+    rq, rs = _run_twice(x, weights, tactic=reference, **HELPER_OPTS)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), f"M={m} N={n} K={k} seed={seed} {tactic}"
+    assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} {tactic}"
+
+
 # Heads sharing the first token tile's quantizer (cluster_n): each CTA of a cluster along
 # the heads quantizes 1 / cluster_n of the K blocks and sends them to the others. Clusters of
 # 2 and 4; one and two epilogue warpgroups; K = 1024 and 1536 (8 and 12 blocks); M below the
@@ -145,16 +159,8 @@ SHARED_CASES = [
 @pytest.mark.parametrize("m,n,k,tactic", SHARED_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
 def test_swap_ab_heads_sharing_the_quantizer_equal_one_head(m, n, k, tactic, big_cos_sin):
     """Whoever quantized a block, the bytes are those of the unshared tactic."""
-    from indexer_q import prepare_weights
-
     _needs_sm90()
-    seed = _seed()
-    x = _inputs(m, n, k, seed, big_cos_sin)
-    weights = prepare_weights(x["weight"], x["weight_scale"])
-    q, s = _run_twice(x, weights, tactic=tactic, **HELPER_OPTS)
-    rq, rs = _run_twice(x, weights, tactic=dataclasses.replace(tactic, cluster_n=1), **HELPER_OPTS)
-    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), f"M={m} N={n} K={k} seed={seed} {tactic}"
-    assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} {tactic}"
+    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, cluster_n=1), big_cos_sin)
 
 
 # Token tiles sharing a head's weight (cluster_m = 2): each CTA of a pair requests half of
@@ -182,16 +188,8 @@ WEIGHT_SHARED_CASES = [
 def test_swap_ab_token_tiles_sharing_the_weight_equal_one_tile(m, n, k, tactic, big_cos_sin):
     """The same blocks in the same order, whoever requested them: the bytes of the
     unclustered tactic."""
-    from indexer_q import prepare_weights
-
     _needs_sm90()
-    seed = _seed()
-    x = _inputs(m, n, k, seed, big_cos_sin)
-    weights = prepare_weights(x["weight"], x["weight_scale"])
-    q, s = _run_twice(x, weights, tactic=tactic, **HELPER_OPTS)
-    rq, rs = _run_twice(x, weights, tactic=dataclasses.replace(tactic, cluster_m=1), **HELPER_OPTS)
-    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), f"M={m} N={n} K={k} seed={seed} {tactic}"
-    assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} {tactic}"
+    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, cluster_m=1), big_cos_sin)
 
 
 @pytest.fixture(scope="module")
@@ -210,15 +208,7 @@ def test_swap_ab_fused_quantizer_with_helpers_equals_the_separate_one(m, n, k, t
                                                                       helpers_precompiled):
     """Same summation order, so the bytes equal those of the same tactic with the separate
     quantizer, whoever quantized the tile."""
-    from indexer_q import prepare_weights
-
-    seed = _seed()
-    x = _inputs(m, n, k, seed, big_cos_sin)
-    weights = prepare_weights(x["weight"], x["weight_scale"])
-    q, s = _run_twice(x, weights, tactic=tactic, **HELPER_OPTS)
-    rq, rs = _run_twice(x, weights, tactic=dataclasses.replace(tactic, fused_act_quant=False), **HELPER_OPTS)
-    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), f"M={m} N={n} K={k} seed={seed} {tactic}"
-    assert torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"scales, M={m} seed={seed} {tactic}"
+    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, fused_act_quant=False), big_cos_sin)
 
 
 # Reduce-scatter (a split dividing the tile's groups of 8 tokens) against the gathering
