@@ -59,17 +59,25 @@ QUICK_MS = [1, 128, 4096, 16384]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def cold_input_sets(m: int, n: int, k: int, n_sets: int, seed: int = 0) -> list:
+def cold_input_sets(m: int, n: int, k: int, n_sets: int, seed: int = 0, warm_activations: bool = False) -> list:
     """n_sets copies of one random problem, each in its own GPU memory: a cold L2 needs
     distinct addresses, not distinct values, and drawing random numbers on the CPU was
-    most of a sweep's time (a fresh problem per set and per tactic)."""
+    most of a sweep's time (a fresh problem per set and per tactic). `warm_activations`:
+    only the weight is copied; the sets share qr and the positions, which stay in L2 as in
+    an engine, where the kernel before wrote them."""
     x = make_inputs(m, n, k, p=4096, seed=seed, device="cuda")
-    return [x] + [{name: t.clone() for name, t in x.items()} for _ in range(n_sets - 1)]
+    copied = WEIGHT_INPUTS if warm_activations else tuple(x)
+    return [x] + [{name: (t.clone() if name in copied else t) for name, t in x.items()} for _ in range(n_sets - 1)]
 
 
-def n_cold_sets(m: int, n: int, k: int) -> int:
-    """Input sets that together take more than 3x the L2."""
-    return max(2, math.ceil(3 * L2_BYTES / (m * k * 2 + n * k + m * n)))
+WEIGHT_INPUTS = ("weight", "weight_scale")
+COLD_WORDING = {"cold": "cold L2", "warm": "cold L2 for the weights, activations warm in L2"}
+
+
+def n_cold_sets(m: int, n: int, k: int, warm_activations: bool = False) -> int:
+    """Input sets whose copied inputs together take more than 3x the L2."""
+    copied = n * k if warm_activations else m * k * 2 + n * k + m * n
+    return max(2, math.ceil(3 * L2_BYTES / copied))
 
 
 def _capture(call, n_sets: int, reps: int):
@@ -197,10 +205,20 @@ def problem_bytes(m, n, k, out_format="mxfp4") -> int:
     return m * k * 2 + n * k + (n // 128) * (k // 128) * 4 + q_bytes + scale_bytes + m * 8 + m * 256
 
 
+def _per_set(make, sets, warm_activations, with_weight):
+    """A peer's operands for each input set; with warm activations its quantized activation
+    (and scale layouts) made once and shared, so they stay in L2 like the sets' qr, and
+    only the weight differs (`with_weight`)."""
+    if not warm_activations:
+        return [make(x) for x in sets]
+    shared = make(sets[0])
+    return [shared] + [with_weight(shared, x) for x in sets[1:]]
+
+
 def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None, peers=True,
-                interleave=True) -> dict:
-    n_sets = n_cold_sets(m, n, k)
-    sets = cold_input_sets(m, n, k, n_sets)
+                interleave=True, warm_activations=False) -> dict:
+    n_sets = n_cold_sets(m, n, k, warm_activations)
+    sets = cold_input_sets(m, n, k, n_sets, warm_activations=warm_activations)
     weights = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
     row = {"M": m, "N": n, "K": k, "hadamard": hadamard, "out_format": out_format}
 
@@ -228,10 +246,13 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
         if peer_m != m:
             peer_sets = [dict(x, qr=torch.nn.functional.pad(x["qr"], (0, 0, 0, peer_m - m)),
                               positions=torch.nn.functional.pad(x["positions"], (0, peer_m - m)))
-                         for x in sets]
+                         for x in sets[:1 if warm_activations else None]]
+            if warm_activations:  # one padded activation, shared like the sets' qr
+                peer_sets += [dict(x, qr=peer_sets[0]["qr"], positions=peer_sets[0]["positions"]) for x in sets[1:]]
             row["peer_m"] = peer_m
         try:
-            cargs = [cublas_args(x) for x in peer_sets]
+            cargs = _per_set(cublas_args, peer_sets, warm_activations,
+                             lambda c, x: dict(c, b=x["weight"].t(), sb=x["weight_scale"].t()))
             run_cublas(cargs[0])
             torch.cuda.synchronize()
         except RuntimeError as exc:
@@ -252,7 +273,8 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
         # outside the timing.
         try:
             deepgemm.load()  # ImportError with the reason where it does not import
-            dargs = [deepgemm.gemm_args(x, *indexer_q.quantize_act_fp8(x["qr"])) for x in sets]
+            dargs = _per_set(lambda x: deepgemm.gemm_args(x, *indexer_q.quantize_act_fp8(x["qr"])), sets,
+                             warm_activations, lambda c, x: dict(c, w=x["weight"], sw=x["weight_scale"]))
             deepgemm.run_gemm(dargs[0])
             torch.cuda.synchronize()
         except Exception as exc:  # not importable (ImportError), or refused / failed to build
@@ -372,7 +394,7 @@ def write_outputs(env, rows, stem: Path, plots=True):
              f"CUDA {env['cuda']}, CuTe DSL {env['cutlass_dsl']}, Triton {env['triton']}, "
              f"DeepGEMM {env.get('deepgemm', 'not recorded')}", "",
              f"Copy bandwidth measured in this run: {env['copy_bandwidth_TBps']:.2f} TB/s. Microseconds "
-             f"(CUDA graphs, cold L2, median, {env.get('timing', 'sequential')} timing); ratios are fused / peer (below 1 = fused faster). "
+             f"(CUDA graphs, {COLD_WORDING[env.get('activations', 'cold')]}, median, {env.get('timing', 'sequential')} timing); ratios are fused / peer (below 1 = fused faster). "
              f"M marked * : cuBLAS refuses it, so the unfused and cuBLAS peers ran on inputs padded to "
              f"the next multiple of {PEER_M_MULTIPLE} rows, as an engine would pad them; the DeepGEMM peers "
              f"always run on the real M. \"unfused\" is the chain with cuBLAS, \"DeepGEMM chain\" the same "
@@ -466,6 +488,9 @@ def main(argv=None):
                     help="also time every valid tactic with these fields, each 'field=value,...' "
                          "(e.g. cluster_m=2: the candidates a kernel change added)")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--warm-activations", action="store_true",
+                    help="only the weights cycle through more than L2 holds; every contender's activation "
+                         "(qr, and the peers' quantized copy) stays in L2, as after the kernel that wrote it")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--sequential", action="store_true",
                     help="time contenders one after another instead of interleaving their replays")
@@ -476,7 +501,8 @@ def main(argv=None):
     ms = args.m or (QUICK_MS if args.quick else FULL_MS)
     bw = measure_copy_bandwidth()
     env = environment() | {"copy_bandwidth_TBps": bw / 1e12,
-                           "timing": "sequential" if args.sequential else "interleaved"}
+                           "timing": "sequential" if args.sequential else "interleaved",
+                           "activations": "warm" if args.warm_activations else "cold"}
     print(json.dumps(env), flush=True)
     jobs = [(s, f, m) for s in args.shapes for f in args.out_format for m in ms]
     rows = []
@@ -486,7 +512,8 @@ def main(argv=None):
         tactics = forced_tactics(m, n, k, args.tactic, args.tactics_where, args.all_tactics)
         row = {"shape": shape} | bench_shape(m, n, k, bw, hadamard=not args.no_hadamard, out_format=fmt_,
                                               tactics=tactics, peers=not args.no_peers,
-                                              interleave=not args.sequential)
+                                              interleave=not args.sequential,
+                                              warm_activations=args.warm_activations)
         rows.append(row)
         print(json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
     progress(len(jobs), len(jobs), "done")
