@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from indexer_q.tactics import Tactic
 from tuning import bench, tune
 
@@ -36,6 +38,28 @@ def test_bench_forces_the_tactics_asked_for():
     assert sorted(map(str, shared.values())) == sorted(
         str(t) for t in valid_tactics("sm_90a", m, n, k) if t.cluster_n == 2 or (t.tile_m == 8 and t.split_k == 2))
     assert len(bench.forced_tactics(m, n, k, every=True)) == len(valid_tactics("sm_90a", m, n, k))
+
+
+def test_warm_activations_copy_only_the_weights():
+    """bench --warm-activations: the input sets share qr and the positions (one copy, left in
+    L2), each has its own weight; so do the peers' operands (`_per_set`); and more sets are
+    needed to cycle the weights alone through 3x the L2."""
+    def addresses(x):
+        return {name: t.data_ptr() for name, t in x.items()}
+
+    warm = bench.cold_input_sets(3, 256, 256, 3, warm_activations=True, device="cpu")
+    cold = bench.cold_input_sets(3, 256, 256, 3, device="cpu")
+    for sets, shared in ((warm, {"qr", "positions", "cos_sin"}), (cold, set())):
+        first = addresses(sets[0])
+        for x in sets[1:]:
+            assert {name for name, a in addresses(x).items() if a == first[name]} == shared
+            assert all(torch.equal(t.view(torch.uint8), sets[0][name].view(torch.uint8)) for name, t in x.items())
+    operands = bench._per_set(lambda x: {"a": x["qr"] + 0, "w": x["weight"]}, warm, True,
+                              lambda c, x: dict(c, w=x["weight"]))
+    assert all(o["a"] is operands[0]["a"] and o["w"] is x["weight"] for o, x in zip(operands, warm))
+    assert len({id(o["a"]) for o in bench._per_set(lambda x: {"a": x["qr"] + 0}, cold, False, None)}) == 3
+    assert bench.n_cold_sets(4096, 8192, 1536, warm_activations=True) == -(-3 * bench.L2_BYTES // (8192 * 1536))
+    assert bench.n_cold_sets(4096, 8192, 1536) < bench.n_cold_sets(4096, 8192, 1536, warm_activations=True)
 
 
 def test_tuner_prefers_the_heuristic_within_the_noise():

@@ -59,13 +59,14 @@ QUICK_MS = [1, 128, 4096, 16384]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def cold_input_sets(m: int, n: int, k: int, n_sets: int, seed: int = 0, warm_activations: bool = False) -> list:
+def cold_input_sets(m: int, n: int, k: int, n_sets: int, seed: int = 0, warm_activations: bool = False,
+                    device: str = "cuda") -> list:
     """n_sets copies of one random problem, each in its own GPU memory: a cold L2 needs
     distinct addresses, not distinct values, and drawing random numbers on the CPU was
     most of a sweep's time (a fresh problem per set and per tactic). `warm_activations`:
     only the weight is copied; the sets share qr and the positions, which stay in L2 as in
     an engine, where the kernel before wrote them."""
-    x = make_inputs(m, n, k, p=4096, seed=seed, device="cuda")
+    x = make_inputs(m, n, k, p=4096, seed=seed, device=device)
     copied = WEIGHT_INPUTS if warm_activations else tuple(x)
     return [x] + [{name: (t.clone() if name in copied else t) for name, t in x.items()} for _ in range(n_sets - 1)]
 
