@@ -266,7 +266,7 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
                 calls["unfused_us"] = lambda i: unfused_chain(peer_sets[i], hadamard=hadamard)
                 # the chain's last stage alone, on the GEMM's bf16 output: the chain's parts
                 # should add up to it
-                q_bf16 = [run_cublas(c) for c in cargs]
+                q_bf16 = _per_set(run_cublas, cargs, warm_activations, lambda q, c: q)  # (warm: one, in L2)
                 calls["peer_epilogue_us"] = lambda i: rope_hadamard_mxfp4(
                     q_bf16[i], peer_sets[i]["positions"], peer_sets[i]["cos_sin"], hadamard=hadamard)
         # DeepGEMM takes any M (1, 2, 3 included): it runs on the real M, on `sets`, not on
