@@ -207,9 +207,9 @@ def problem_bytes(m, n, k, out_format="mxfp4") -> int:
 
 
 def _per_set(make, sets, warm_activations, with_weight):
-    """A peer's operands for each input set; with warm activations its quantized activation
-    (and scale layouts) made once and shared, so they stay in L2 like the sets' qr, and
-    only the weight differs (`with_weight`)."""
+    """A peer's operands for each input set; with warm activations its activation part
+    (quantized or padded copy, scale layouts) made once and shared, so it stays in L2 like
+    the sets' qr, and only the weight differs (`with_weight(shared, set)`)."""
     if not warm_activations:
         return [make(x) for x in sets]
     shared = make(sets[0])
@@ -245,11 +245,10 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
         peer_sets = sets
         peer_m = -(-m // PEER_M_MULTIPLE) * PEER_M_MULTIPLE
         if peer_m != m:
-            peer_sets = [dict(x, qr=torch.nn.functional.pad(x["qr"], (0, 0, 0, peer_m - m)),
-                              positions=torch.nn.functional.pad(x["positions"], (0, peer_m - m)))
-                         for x in sets[:1 if warm_activations else None]]
-            if warm_activations:  # one padded activation, shared like the sets' qr
-                peer_sets += [dict(x, qr=peer_sets[0]["qr"], positions=peer_sets[0]["positions"]) for x in sets[1:]]
+            peer_sets = _per_set(  # (warm: one padded activation, shared like the sets' qr)
+                lambda x: dict(x, qr=torch.nn.functional.pad(x["qr"], (0, 0, 0, peer_m - m)),
+                               positions=torch.nn.functional.pad(x["positions"], (0, peer_m - m))),
+                sets, warm_activations, lambda p, x: dict(x, qr=p["qr"], positions=p["positions"]))
             row["peer_m"] = peer_m
         try:
             cargs = _per_set(cublas_args, peer_sets, warm_activations,

@@ -35,12 +35,22 @@ def trace_once(kernel, operands, x, m: int, n: int, flush: torch.Tensor) -> torc
     from indexer_q.reference import empty_outputs
 
     q, q_scale = empty_outputs(m, n // 128, "mxfp4", x["qr"].device)
-    q.view(torch.uint8).fill_(0)
-    flush.add_(1)  # evicts the weight (and everything else) from L2
-    x["qr"].float().sum()  # qr back in L2, as after the kernel that wrote it
+    _cold_start(q, flush, x)
     q_words = q.view(torch.uint8).view(m, -1).view(torch.int32)
     kernel(*operands, x["positions"], x["cos_sin"], q_words, q_scale.view(torch.int32))
     torch.cuda.synchronize()
+    return _stamps(q)
+
+
+def _cold_start(q: torch.Tensor, flush: torch.Tensor, x: dict) -> None:
+    """Before a traced run: the stamps' output zeroed, L2 flushed, qr read back into it."""
+    q.view(torch.uint8).fill_(0)
+    flush.add_(1)  # evicts the weight (and everything else) from L2
+    x["qr"].float().sum()  # qr back in L2, as after the kernel that wrote it
+
+
+def _stamps(q: torch.Tensor) -> torch.Tensor:
+    """The int64 stamps the probe wrote into the q output."""
     return q.view(torch.uint8).reshape(-1).view(torch.int64).clone()
 
 
@@ -73,12 +83,10 @@ class StreamTrace:
             launch_both()
 
     def run(self) -> torch.Tensor:
-        self.q.view(torch.uint8).fill_(0)
-        self.flush.add_(1)
-        self.x["qr"].float().sum()
+        _cold_start(self.q, self.flush, self.x)
         self.graph.replay()
         torch.cuda.synchronize()
-        return self.q.view(torch.uint8).reshape(-1).view(torch.int64).clone()
+        return _stamps(self.q)
 
 
 def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict:
