@@ -199,7 +199,7 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
                 if (k // 128) % split or heads * split * pair > sms:
                     continue
                 yield Tactic(kind="swap_ab", tile_m=t, split_k=split, cluster_m=pair, epilogue_warpgroups=2,
-                             fused_act_quant=False, pipelined_promotion=t <= 32, raster_along_m=False)
+                             fused_act_quant=False, pipelined_promotion=True, raster_along_m=False)
 
 
 def _candidates():
