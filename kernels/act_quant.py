@@ -40,8 +40,10 @@ class ActQuantFp8:
         units = m * k_blocks
         units_per_block = THREADS // LANES_PER_UNIT * ITEMS
         grid = cute.ceil_div(units, units_per_block)
+        # Launched with programmatic dependent launch: its CTAs may start while the launch
+        # before it (the previous call's GEMM) finishes, and wait for it in the kernel.
         self.kernel(qr_words, out_words, out_scale, units, k_blocks).launch(
-            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream
+            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=True
         )
 
     @cute.kernel
@@ -50,6 +52,9 @@ class ActQuantFp8:
         # let it start now (its prologue and weight loads overlap this kernel; it waits
         # for this grid's completion before it reads the activation).
         cute.arch.griddepcontrol_launch_dependents()
+        # The previous grid may still run (this launch is PDL): qr may be its output, and it
+        # may still read the buffers this kernel writes.
+        cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         groups = THREADS // LANES_PER_UNIT

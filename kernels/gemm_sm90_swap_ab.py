@@ -186,13 +186,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         tiles_mnl = (cute.ceil_div(m, t) * self.split_k, n // epi.HEAD_DIM, 1)
         sched_params = utils.PersistentTileSchedulerParams(
             tiles_mnl, (*self.cluster_shape_mn, 1), self.config.swizzle, self.config.raster_along_m)
-        clusters = max_active_clusters
-        if cutlass.const_expr(not self.config.raster_along_m):
-            # Rastered along N (heads fastest) on at most one persistent cluster a head
-            # cluster: a CTA then walks its head's token tiles one after another, so the
-            # weight leaves DRAM once and a later tile's blocks come from L2.
-            clusters = min(max_active_clusters, n // epi.HEAD_DIM // self.share)
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, clusters)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
         extra = []
         if cutlass.const_expr(self.fused):
             extra = [("sActScale", Float32, self.k_blocks * t)]

@@ -195,27 +195,6 @@ def test_swap_ab_token_tiles_sharing_the_weight_equal_one_tile(m, n, k, tactic, 
     _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, cluster_m=1), big_cos_sin)
 
 
-# A head's token tiles walked by one CTA (rastered along N, one persistent cluster a head
-# cluster): the same blocks summed in the same order, whichever CTA takes a tile, so the
-# bytes of the tactic rastered along M. K split in 2 at 32- and 64-token tiles, pairs of
-# token tiles sharing the weight (3 tiles at M = 70: the second pair's second tile lies
-# wholly past M), K = 1024 and 1536, and 128 heads on fewer clusters than heads (a CTA
-# then walks two heads: N = 16384).
-RASTER_N_CASES = [
-    (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_m=c, epilogue_warpgroups=2, fused_act_quant=False,
-                     pipelined_promotion=t <= 32, raster_along_m=False))
-    for m, n, k, t, s, c in (
-        (128, 8192, 1536, 32, 2, 1), (200, 8192, 1536, 64, 2, 1), (100, 8192, 1024, 32, 1, 2),
-        (70, 8192, 1536, 32, 1, 2), (70, 16384, 1024, 32, 2, 1), (256, 8192, 1024, 64, 2, 1))
-]
-
-
-@pytest.mark.parametrize("m,n,k,tactic", RASTER_N_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
-def test_swap_ab_rastered_along_n_equals_along_m(m, n, k, tactic, big_cos_sin):
-    _needs_sm90()
-    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, raster_along_m=True), big_cos_sin)
-
-
 @pytest.fixture(scope="module")
 def helpers_precompiled():
     _needs_sm90()

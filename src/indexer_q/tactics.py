@@ -186,20 +186,6 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
         if -(-tiles // 2) * 2 * heads <= 2 * sms:
             yield Tactic(kind="swap_ab", tile_m=t, cluster_m=2, epilogue_warpgroups=2, fused_act_quant=True,
                          pipelined_promotion=True)
-    # A head's token tiles walked by one CTA (rastered along N, one persistent cluster a
-    # head cluster): the weight leaves DRAM once, a later tile reads its blocks from L2, and
-    # the separate quantizer quantizes each token once (the fused one would quantize every
-    # tile in every CTA). Many heads only, where a K split in 2 or a pair of token tiles
-    # sharing the weight fills about the SMs.
-    if _many_heads(heads, sms):
-        for t in (32, 64):
-            if t > tile or -(-m // t) < 2:
-                continue
-            for split, pair in ((2, 1), (1, 2)):
-                if (k // 128) % split or heads * split * pair > sms:
-                    continue
-                yield Tactic(kind="swap_ab", tile_m=t, split_k=split, cluster_m=pair, epilogue_warpgroups=2,
-                             fused_act_quant=False, pipelined_promotion=True, raster_along_m=False)
 
 
 def _candidates():
