@@ -18,7 +18,6 @@ HEAD_CLUSTERS = (1, 2, 4)
 # each requests 1 / cluster_m of every weight block and multicasts it to all of them, so
 # the head's weight crosses from L2 once a cluster instead of once a token tile.
 WEIGHT_CLUSTERS = (1, 2)
-WEIGHT_SHARED_MAX_TILE = 32  # 64-token tiles are tight on registers, and two of them cover M = 128
 
 
 class Sm90SwapABLimits:
@@ -36,9 +35,6 @@ class Sm90SwapABLimits:
             out.append(f"swap_ab cluster_m={config.cluster_m} (token tiles sharing a head's weight: {WEIGHT_CLUSTERS})")
         elif config.cluster_m > 1 and (config.split_k > 1 or config.cluster_n > 1):
             out.append("swap_ab cluster_m > 1 (token tiles sharing the weight) needs split_k=1 and cluster_n=1")
-        elif config.cluster_m > 1 and config.tile_m > WEIGHT_SHARED_MAX_TILE:
-            out.append(f"swap_ab cluster_m > 1 (token tiles sharing the weight) needs tile_m <= "
-                       f"{WEIGHT_SHARED_MAX_TILE}")
         if config.cluster_n not in HEAD_CLUSTERS:
             out.append(f"swap_ab cluster_n={config.cluster_n} (heads sharing a token tile's quantizer: {HEAD_CLUSTERS})")
         elif config.cluster_n > 1 and not (config.fused_act_quant and config.split_k == 1):

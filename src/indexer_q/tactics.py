@@ -178,14 +178,17 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
     # (a second tile's copy arrives no faster than DRAM serves the first: graph trace, V4-Pro
     # M = 64). But each CTA quantizes its tile alone; on the H200 they won at V4-Flash M =
     # 17-32 and V4-Pro M = 97-128 (ninth session) and lost to heads sharing the quantizer
-    # elsewhere.
-    for t in (8, 16, 32):
+    # elsewhere. With the separate quantizer as well: no CTA quantizes, the weight crosses once
+    # and no K split has to be reduced (V4 at M = 64 on 32-token pairs, M = 65-128 on 64-token
+    # pairs: 128 CTAs).
+    for t in (8, 16, 32, 64):
         tiles = -(-m // t)
         if t > tile or tiles < 2:
             continue
         if -(-tiles // 2) * 2 * heads <= 2 * sms:
-            yield Tactic(kind="swap_ab", tile_m=t, cluster_m=2, epilogue_warpgroups=2, fused_act_quant=True,
-                         pipelined_promotion=True)
+            for fused in (True, False):
+                yield Tactic(kind="swap_ab", tile_m=t, cluster_m=2, epilogue_warpgroups=2, fused_act_quant=fused,
+                             pipelined_promotion=True)
 
 
 def _candidates():
