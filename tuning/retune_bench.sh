@@ -3,7 +3,9 @@
 # (model, TP) tables, merge them into the packaged table, then bench decode and small M on
 # them. From the repository root:
 #   bash tuning/retune_bench.sh OUT [COMMIT]
-# Bring back OUT/t/*.json (copy to tuning/tables/ and src/indexer_q/tables/) and OUT/b/bench.*.
+# Bring back OUT/tables.tgz (its t/*.json go to tuning/tables/ and src/indexer_q/tables/, with
+# the tuner's logs) and OUT/b/bench.*: the device tool returns at most 8 files a call, and
+# the tables and logs alone are 9 (the eleventh session lost v4-pro tp8's file that way).
 set -uo pipefail
 out=$1; commit=${2:-unknown}; mkdir -p "$out/t" "$out/b"
 export INDEXER_Q_CACHE_DIR=/tmp/iq_cache
@@ -15,5 +17,6 @@ for mt in "v4-pro 1" "v4-flash 1" "v4-pro 8" "v4-flash 8"; do
 done
 cp "$out"/t/NVIDIA_H200_v4-*.json tuning/tables/ && python3 -m tuning.tune --merge tuning/tables/NVIDIA_H200_v4-*_tp*.json
 cp src/indexer_q/tables/NVIDIA_H200.json "$out/t/"
+tar czf "$out/tables.tgz" -C "$out" t && rm -rf "$out/t"
 INDEXER_Q_COMMIT=$commit timeout $((590 - (SECONDS - t0))) python3 -m tuning.bench --m 1 2 3 4 8 13 16 24 32 48 64 96 128 192 256 512 --no-plots --out "$out/b/bench" > "$out/b/bench.log" 2>&1
 echo "bench rc=$? at $((SECONDS - t0)) s"
