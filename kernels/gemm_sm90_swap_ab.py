@@ -10,7 +10,8 @@ per token column.
 
 The activation reaches shared memory in one of two ways:
 - from the activation quantizer's output, by TMA beside the weight (the quantizer runs
-  as its own launch before this one, with programmatic dependent launch);
+  as its own launch before this one, with programmatic dependent launch), with its
+  scales where K / 128 is a multiple of 4 (else the consumer loads those);
 - `fused_act_quant`: the kernel quantizes the bf16 rows of its token tile itself (SPEC
   step 1, the act_quant kernel's arithmetic) straight into the swizzled layout its
   WGMMAs read, while the producer's first weight loads are in flight. The first tile is
@@ -166,8 +167,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         tma_s, mS = tma_w, mW  # the activation scales' TMA, or unused
         if cutlass.const_expr(self.ring_scales):
             tma_s, mS = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a_scale, cute.slice_(self.scale_ring_layout(t, 1), (None, None, 0)),
-                (t, SCALE_COLS))
+                cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a_scale,
+                cute.slice_(self.scale_ring_layout(t, 1), (None, None, 0)), (t, SCALE_COLS))
             tx_bytes += t * SCALE_COLS * 4
         if cutlass.const_expr(self.stages_qr_by_tma(self.config)):
             tma_a, mA = cute.nvgpu.cpasync.make_tiled_tma_atom(

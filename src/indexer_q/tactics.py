@@ -132,7 +132,8 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
     132 SMs); a second epilogue warpgroup where a tile has 32 rows or more (below that one
     warpgroup's 16-row pass already covers it) or where it helps quantize the first tile;
     each block's promotion under the next block's WGMMAs as well (64-token tiles: with the
-    fused quantizer only; the kernel's config_problems rejects the rest)."""
+    fused quantizer, or the separate one where K / 128 is a multiple of 4; the kernel's
+    shape_problems rejects the rest)."""
     tile = swap_ab_tile(m)
     heads = n // 128
     splits = [s for s in (1, 2, 3, 4, 6, 8) if (k // 128) % s == 0 and (s in (1, 2, 4) or heads <= 16)]
@@ -294,7 +295,8 @@ def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int) ->
             share = 2
     even_blocks = (k // 128) % 2 == 0  # GemmConfig: pipelined_promotion needs an even K-block count
     for fused in (True, False):
-        # 64-token tiles pipeline their promotion with the fused quantizer only
+        # 64-token tiles pipeline their promotion with the fused quantizer only (the kernel
+        # can with the separate one where K / 128 is a multiple of 4; never timed faster)
         pipelined = even_blocks and tile <= SWAP_AB_PIPELINED_MAX_TILE and (fused or tile <= 32)
         for split in splits:
             shared = share if fused and split == 1 else 1
