@@ -184,8 +184,9 @@ WEIGHT_SHARED_CASES = [
         (40, 8192, 1536, 16, 2, True, True), (64, 8192, 1536, 32, 2, True, True), (33, 1024, 1536, 32, 2, True, True),
         (50, 8192, 1536, 8, 2, True, True), (100, 8192, 1536, 16, 2, True, True), (200, 8192, 1536, 32, 2, True, True),
         (100, 1024, 1024, 16, 1, True, False), (40, 8192, 1536, 16, 1, False, False),
-        # 64-token tiles (the halves' pipelined loop), separate and fused quantizers; M = 70: the
-        # second tile 6 rows; M = 200: two pairs a head, the second pair's last tile past M
+        # the separate quantizer at 32 tokens; 64-token tiles (the halves' pipelined loop),
+        # separate and fused quantizers; M = 70: the second tile 6 rows; M = 200: two pairs a
+        # head, the second pair's last tile past M
         (64, 8192, 1536, 32, 2, False, True), (128, 8192, 1536, 64, 2, False, True),
         (70, 8192, 1024, 64, 2, False, True), (200, 1024, 1536, 64, 2, False, True),
         (100, 8192, 1536, 64, 2, True, True))

@@ -181,7 +181,8 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
     # 17-32 and V4-Pro M = 97-128 (ninth session) and lost to heads sharing the quantizer
     # elsewhere. With the separate quantizer as well: no CTA quantizes, the weight crosses once
     # and no K split has to be reduced (V4 at M = 64 on 32-token pairs, M = 65-128 on 64-token
-    # pairs: 128 CTAs).
+    # pairs: 128 CTAs); on the H200 these lost everywhere (eleventh session: V4-Pro M = 128
+    # 12.5 us against the table's 11.6), kept as candidates for other GPUs.
     for t in (8, 16, 32, 64):
         tiles = -(-m // t)
         if t > tile or tiles < 2:
