@@ -390,12 +390,13 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             tAsB, tAgA = cute.nvgpu.cpasync.tma_partition(
                 tma_a, 0, one_cta, cute.group_modes(sB, 0, 2),
                 cute.group_modes(cute.local_tile(mA, (t, bk), (None, None)), 0, 2))
-        tSsS, tSgS = tWsW, tWgW  # placeholders unless ring_scales
+        tma_s, mS, sS = scale_load
+        scale_copy = None  # ring_scales: (TMA atom, its source and stage views)
         if cutlass.const_expr(self.ring_scales):  # (TMA view, token tiles, groups of 4 K blocks)
-            tma_s, mS, sS = scale_load
             tSsS, tSgS = cute.nvgpu.cpasync.tma_partition(
                 tma_s, 0, one_cta, cute.group_modes(sS, 0, 2),
                 cute.group_modes(cute.local_tile(mS, (t, SCALE_COLS), (None, None)), 0, 2))
+            scale_copy = (tma_s, tSgS, tSsS)
         qr_tma = staging is not None
         if cutlass.const_expr(qr_tma):  # (TMA view, token tiles, K blocks) of qr and of its staging buffer
             tAsB, tAgA = cute.nvgpu.cpasync.tma_partition(
@@ -434,8 +435,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             if work.is_valid_tile:
                 m_tile = self._m_tile(work.tile_idx)
                 for kb in cutlass.range_constexpr(early):
-                    self._load_activation(tma_a, tAgA, tAsB, scale_load[0], tSgS, tSsS, m_tile, k_begin + kb,
-                                          a_state.index, ab_pipeline.producer_get_barrier(a_state))
+                    self._load_activation(tma_a, tAgA, tAsB, scale_copy, m_tile, k_begin + kb, a_state.index,
+                                          ab_pipeline.producer_get_barrier(a_state))
                     a_state.advance()
         first = early
         while work.is_valid_tile:
@@ -451,8 +452,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._load_weight(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)], bar, w_mask)
                 if cutlass.const_expr(not self.fused):
-                    self._load_activation(tma_a, tAgA, tAsB, scale_load[0], tSgS, tSsS, self._m_tile(tile),
-                                          k_begin + kb, state.index, bar)
+                    self._load_activation(tma_a, tAgA, tAsB, scale_copy, self._m_tile(tile), k_begin + kb,
+                                          state.index, bar)
                 ab_pipeline.producer_commit(state)
                 state.advance()
             first = 0  # only the first tile had its first blocks issued above
@@ -461,11 +462,12 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         self._stamp(trace, 15, lane)
         ab_pipeline.producer_tail(state)
 
-    def _load_activation(self, tma_a, tAgA, tAsB, tma_s, tSgS, tSsS, m_tile, kt, stage, bar):
+    def _load_activation(self, tma_a, tAgA, tAsB, scale_copy, m_tile, kt, stage, bar):
         """K block kt of token tile m_tile (the separate quantizer's e4m3 bytes) into a ring
-        stage, and with ring_scales the 4 scale columns that hold block kt's."""
+        stage, and with ring_scales (`scale_copy`) the 4 scale columns that hold block kt's."""
         cute.copy(tma_a, tAgA[(None, m_tile, kt)], tAsB[(None, stage)], tma_bar_ptr=bar)
-        if cutlass.const_expr(self.ring_scales):
+        if cutlass.const_expr(scale_copy is not None):
+            tma_s, tSgS, tSsS = scale_copy
             cute.copy(tma_s, tSgS[(None, m_tile, kt // SCALE_COLS)], tSsS[(None, stage)], tma_bar_ptr=bar)
 
     def _load_weight(self, tma_w, src, dst, bar, mask):
