@@ -10,8 +10,7 @@ per token column.
 
 The activation reaches shared memory in one of two ways:
 - from the activation quantizer's output, by TMA beside the weight (the quantizer runs
-  as its own launch before this one, with programmatic dependent launch), with its
-  scales where K / 128 is a multiple of 4 (else the consumer loads those);
+  as its own launch before this one, with programmatic dependent launch);
 - `fused_act_quant`: the kernel quantizes the bf16 rows of its token tile itself (SPEC
   step 1, the act_quant kernel's arithmetic) straight into the swizzled layout its
   WGMMAs read, while the producer's first weight loads are in flight. The first tile is
@@ -44,7 +43,7 @@ from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, WORDS_PER_ROW, Sm90KernelBase,
                          add_partials, gather_partials, reduce_tensor, scatter_partial,
                          scatter_tensor, send_partial, shared_storage)
-from .swap_ab_kloop_sm90 import SCALE_COLS, TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
+from .swap_ab_kloop_sm90 import TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
 from .swap_ab_limits_sm90 import Sm90SwapABLimits
 from .swap_ab_quant_sm90 import WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
 
@@ -163,13 +162,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             num_multicast=self.weight_sharers)
         tma_a, mA = tma_w, mW  # fused_act_quant: qr's staging TMA, or unused (the kernel loads qr)
         tx_bytes = epi.HEAD_DIM * bk
-        self.ring_scales = self.scales_in_ring(self.config, k)
-        tma_s, mS = tma_w, mW  # the activation scales' TMA, or unused
-        if cutlass.const_expr(self.ring_scales):
-            tma_s, mS = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a_scale,
-                cute.slice_(self.scale_ring_layout(t, 1), (None, None, 0)), (t, SCALE_COLS))
-            tx_bytes += t * SCALE_COLS * 4
         if cutlass.const_expr(self.stages_qr_by_tma(self.config)):
             tma_a, mA = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), act,
@@ -195,14 +187,12 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             extra += [("qr_mbar", Int64, 2), ("sQr", cutlass.BFloat16, t * bk * self.k_blocks)]
         if cutlass.const_expr(self.share > 1):  # the peers' share of the first tile arrived
             extra += [("peer_mbar", Int64, 1)]
-        if cutlass.const_expr(self.ring_scales):
-            extra += [("sScaleRing", Float32, stages * t * SCALE_COLS)]
         self.shared_storage = shared_storage(
             stages=stages, split_k=self.split_k, reduce_words=max(1, self._reduce_words(self.config)),
             epi_words=EPI_BUFFERS * t * WORDS_PER_ROW, extra=extra,
             operands=[("sA", fp8, cute.cosize(self.w_smem_staged)), ("sB", fp8, cute.cosize(self.b_smem))])
         self.kernel(
-            tma_w, mW, tma_a, mA, tma_s, mS, act, self.act_scale, w_scale, positions, cos_sin, out_q, out_scale,
+            tma_w, mW, tma_a, mA, act, self.act_scale, w_scale, positions, cos_sin, out_q, out_scale,
             self.tiled_mma, self.w_smem_staged, self.b_smem, sched_params,
         ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_shape_mn, 1), min_blocks_per_mp=1,
@@ -217,8 +207,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         mW: cute.Tensor,
         tma_a: cute.CopyAtom,
         mA: cute.Tensor,
-        tma_s: cute.CopyAtom,  # the activation scales' (ring_scales), else unused
-        mS: cute.Tensor,
         act: cute.Tensor,  # the fp8 activation, or (fused_act_quant) the bf16 qr
         a_scale: cute.Tensor,  # f32 [M, K/128] (unused with fused_act_quant)
         w_scale: cute.Tensor,
@@ -244,8 +232,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
             if cutlass.const_expr(not self.fused or qr_tma):
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
-            if cutlass.const_expr(self.ring_scales):
-                cute.nvgpu.cpasync.prefetch_descriptor(tma_s)
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
@@ -299,9 +285,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                                                     stride=(t * WORDS_PER_ROW, WORDS_PER_ROW, 1)))
         sW = storage.sA.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
-        sS = None  # ring_scales: the activation scales of each ring stage
-        if cutlass.const_expr(self.ring_scales):
-            sS = storage.sScaleRing.get_tensor(self.scale_ring_layout(t, self.stages))
         k_begin = cta_rank * self.k_blocks if self.split_k > 1 else 0
         reduce = (reduce_full, reduce_free, sReduce)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
@@ -320,8 +303,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                 sQr = None
                 if cutlass.const_expr(qr_tma):
                     sQr = storage.sQr.get_tensor(self.qr_staging_layout(t, self.k_blocks))
-                self._producer(ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, (tma_s, mS, sS), sQr, staging, k_begin,
-                               sched_params, trace, cute.arch.lane_idx())
+                self._producer(ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, sQr, staging, k_begin, sched_params,
+                               trace, cute.arch.lane_idx())
         elif warpgroup >= self.epi_wg:
             self._set_epilogue_registers()
             if cutlass.const_expr(self.fused):
@@ -336,10 +319,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             sActScale = None
             if cutlass.const_expr(self.fused):
                 sActScale = storage.sActScale.get_tensor(cute.make_layout((self.k_blocks, t), stride=(t, 1)))
-            # the activation scales: the ring's (ring_scales), or in global memory
-            scales = sS if self.ring_scales else a_scale
             args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sW, sB, storage.sB.data_ptr(), sActScale, staging,
-                    tidx - WARPGROUP, k_begin, sched_params, act, scales, w_scale, reduce, trace, share)
+                    tidx - WARPGROUP, k_begin, sched_params, act, a_scale, w_scale, reduce, trace, share)
             if cutlass.const_expr(self.split_k == 1):
                 self._consumer(*args, role="whole")
             elif cutlass.const_expr(self.scatter):
@@ -348,11 +329,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                 self._consumer(*args, role="reduce")
             else:
                 self._consumer(*args, role="send")
-
-    @staticmethod
-    def scale_ring_layout(t: int, stages: int):
-        """(tokens, 4 K blocks' columns, stages): a stage's TMA box of the scales [M, K/128]."""
-        return cute.make_layout((t, SCALE_COLS, stages), stride=(SCALE_COLS, 1, t * SCALE_COLS))
 
     def _m_tile(self, tile):
         """The token tile of a scheduler tile: a K split's ranks share one."""
@@ -369,8 +345,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         return row0
 
     @cute.jit
-    def _producer(self, ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, scale_load, sQr, staging, k_begin, sched_params,
-                  trace, lane):
+    def _producer(self, ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, sQr, staging, k_begin, sched_params, trace,
+                  lane):
         t, bk = self.tile_rows, SCALE_BLOCK_K
         self._stamp(trace, 14, lane)
         one_cta = cute.make_layout(1)
@@ -390,13 +366,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             tAsB, tAgA = cute.nvgpu.cpasync.tma_partition(
                 tma_a, 0, one_cta, cute.group_modes(sB, 0, 2),
                 cute.group_modes(cute.local_tile(mA, (t, bk), (None, None)), 0, 2))
-        tma_s, mS, sS = scale_load
-        scale_copy = None  # ring_scales: (TMA atom, its source and stage views)
-        if cutlass.const_expr(self.ring_scales):  # (TMA view, token tiles, groups of 4 K blocks)
-            tSsS, tSgS = cute.nvgpu.cpasync.tma_partition(
-                tma_s, 0, one_cta, cute.group_modes(sS, 0, 2),
-                cute.group_modes(cute.local_tile(mS, (t, SCALE_COLS), (None, None)), 0, 2))
-            scale_copy = (tma_s, tSgS, tSsS)
         qr_tma = staging is not None
         if cutlass.const_expr(qr_tma):  # (TMA view, token tiles, K blocks) of qr and of its staging buffer
             tAsB, tAgA = cute.nvgpu.cpasync.tma_partition(
@@ -433,15 +402,16 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not self.fused):
             if work.is_valid_tile:
-                m_tile = self._m_tile(work.tile_idx)
+                tAgA_m = tAgA[(None, self._m_tile(work.tile_idx), None)]
                 for kb in cutlass.range_constexpr(early):
-                    self._load_activation(tma_a, tAgA, tAsB, scale_copy, m_tile, k_begin + kb, a_state.index,
-                                          ab_pipeline.producer_get_barrier(a_state))
+                    cute.copy(tma_a, tAgA_m[(None, k_begin + kb)], tAsB[(None, a_state.index)],
+                              tma_bar_ptr=ab_pipeline.producer_get_barrier(a_state))
                     a_state.advance()
         first = early
         while work.is_valid_tile:
             tile = work.tile_idx
             tWgW_n = tWgW[(None, tile[1], None)]
+            tAgA_m = tAgA[(None, self._m_tile(tile), None)]
             if cutlass.const_expr(qr_tma):
                 if self._m_tile(tile) != staged_tile:  # a later token tile (the first was staged above)
                     staged_tile = self._m_tile(tile)
@@ -452,8 +422,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._load_weight(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)], bar, w_mask)
                 if cutlass.const_expr(not self.fused):
-                    self._load_activation(tma_a, tAgA, tAsB, scale_copy, self._m_tile(tile), k_begin + kb,
-                                          state.index, bar)
+                    cute.copy(tma_a, tAgA_m[(None, k_begin + kb)], tAsB[(None, state.index)], tma_bar_ptr=bar)
                 ab_pipeline.producer_commit(state)
                 state.advance()
             first = 0  # only the first tile had its first blocks issued above
@@ -461,14 +430,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             work = sched.get_current_work()
         self._stamp(trace, 15, lane)
         ab_pipeline.producer_tail(state)
-
-    def _load_activation(self, tma_a, tAgA, tAsB, scale_copy, m_tile, kt, stage, bar):
-        """K block kt of token tile m_tile (the separate quantizer's e4m3 bytes) into a ring
-        stage, and with ring_scales (`scale_copy`) the 4 scale columns that hold block kt's."""
-        cute.copy(tma_a, tAgA[(None, m_tile, kt)], tAsB[(None, stage)], tma_bar_ptr=bar)
-        if cutlass.const_expr(scale_copy is not None):
-            tma_s, tSgS, tSsS = scale_copy
-            cute.copy(tma_s, tSgS[(None, m_tile, kt // SCALE_COLS)], tSsS[(None, stage)], tma_bar_ptr=bar)
 
     def _load_weight(self, tma_w, src, dst, bar, mask):
         """A weight block (or, shared by token tiles, this CTA's slice of it for all of them)."""

@@ -24,11 +24,6 @@ from .sm90_parts import ACCUMULATE, issue_wgmmas, swizzled_word
 # promoted under the other half's WGMMAs)
 TWO_PARTIALS_MAX_TILE = 32
 PIPELINED_MAX_TILE = 64
-# The separate quantizer's scales [M, K/128] f32 reach each ring stage by TMA beside the
-# activation block (`ring_scales`), as a box of 16 bytes a token (4 K blocks' columns: TMA's
-# smallest inner box), where K / 128 is a multiple of 4 (rows 16-byte aligned); else the
-# consumer loads each block's scales from global memory.
-SCALE_COLS = 4
 
 
 class Sm90SwapABKLoops:
@@ -41,23 +36,19 @@ class Sm90SwapABKLoops:
         """One partial: a block's WGMMAs, their wait, then its promotion, in series."""
         t = self.tile_rows
         mma_per_stage = cute.size(tCrA, mode=[2])
-        # The block's scale per token column of this thread: the fused quantizer's or the
-        # ring stage's (ring_scales) from shared memory, else from global memory, loaded
-        # one block ahead up to 32-token tiles, so their latency hides under the previous
-        # block's WGMMAs (at 64 tokens the 16 extra registers made the K split's consumer
-        # spill: loaded in the block there).
-        ahead_loads = not self.fused and not self.ring_scales and t <= 32
+        # The block's scale per token column of this thread; from global memory (the
+        # separate quantizer's) loaded one block ahead up to 32-token tiles, so their
+        # latency hides under the previous block's WGMMAs (at 64 tokens the 16 extra
+        # registers made the K split's consumer spill: loaded in the block there).
+        ahead_loads = not self.fused and t <= 32
         nxt_sa = [Float32(1.0) for _ in tokens]
         nxt_sw = w_scale[head, k_begin]
         if cutlass.const_expr(ahead_loads):
             nxt_sa = [a_scale[cutlass.min(row0 + tok, m - 1), k_begin] for tok in tokens]
         for kb in range(self.k_blocks):
             kt = k_begin + kb
-            sw = nxt_sw
             if cutlass.const_expr(self.fused):
                 scales = [nxt_sw * sActScale[kb, tok] for tok in tokens]
-            elif cutlass.const_expr(self.ring_scales):
-                pass  # read once the stage has arrived
             elif cutlass.const_expr(ahead_loads):
                 scales = [nxt_sw * sa for sa in nxt_sa]
                 ahead = k_begin + cutlass.min(kb + 1, self.k_blocks - 1)
@@ -66,8 +57,6 @@ class Sm90SwapABKLoops:
                 scales = [nxt_sw * a_scale[cutlass.min(row0 + tok, m - 1), kt] for tok in tokens]
             nxt_sw = w_scale[head, k_begin + cutlass.min(kb + 1, self.k_blocks - 1)]
             ab_pipeline.consumer_wait(read_state)
-            if cutlass.const_expr(self.ring_scales):
-                scales = [sw * a_scale[tok, kt % SCALE_COLS, read_state.index] for tok in tokens]
             if tiles_done == 0 and kb < 6:
                 self._stamp(trace, 4 + kb, ctidx)
             tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(mma_per_stage), read_state.index,
@@ -93,7 +82,7 @@ class Sm90SwapABKLoops:
         tiled_mma = issue_wgmmas(tiled_mma, partials[0], tCrA, tCrB, range(mma_per_stage), issue_state.index,
                                  stage_b=0 if self.fused else None)
         issue_state.advance()
-        scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin, read_state.index)
+        scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
         for kb in cutlass.range_constexpr(self.k_blocks):
             upcoming = scales
             if cutlass.const_expr(kb + 1 < self.k_blocks):
@@ -103,9 +92,8 @@ class Sm90SwapABKLoops:
                         self._stamp(trace, 5 + kb, ctidx)
                 tiled_mma = issue_wgmmas(tiled_mma, partials[(kb + 1) % 2], tCrA, tCrB, range(mma_per_stage),
                                          issue_state.index, stage_b=kb + 1 if self.fused else None)
-                upcoming = self._block_scales(kb + 1, w_scales, sActScale, a_scale, row0, m, tokens, k_begin,
-                                              issue_state.index)
                 issue_state.advance()
+                upcoming = self._block_scales(kb + 1, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
                 cute.nvgpu.warpgroup.wait_group(1)
             else:
                 cute.nvgpu.warpgroup.wait_group(0)
@@ -129,7 +117,7 @@ class Sm90SwapABKLoops:
         for mi in cutlass.range_constexpr(2):
             tiled_mma = self._issue_half(tiled_mma, partial, tCrA, tCrB, mi, issue_state.index, 0)
         issue_state.advance()
-        scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin, read_state.index)
+        scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
         for kb in cutlass.range_constexpr(self.k_blocks):
             upcoming = scales
             cute.nvgpu.warpgroup.wait_group(1)  # block kb's half 0 (its half 1 may still run)
@@ -140,8 +128,7 @@ class Sm90SwapABKLoops:
                     if tiles_done == 0:
                         self._stamp(trace, 5 + kb, ctidx)
                 tiled_mma = self._issue_half(tiled_mma, partial, tCrA, tCrB, 0, issue_state.index, kb + 1)
-                upcoming = self._block_scales(kb + 1, w_scales, sActScale, a_scale, row0, m, tokens, k_begin,
-                                              issue_state.index)
+                upcoming = self._block_scales(kb + 1, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
                 cute.nvgpu.warpgroup.wait_group(1)  # block kb's half 1 (block kb+1's half 0 may run)
             else:
                 cute.nvgpu.warpgroup.wait_group(0)
@@ -171,14 +158,10 @@ class Sm90SwapABKLoops:
         cute.nvgpu.warpgroup.commit_group()
         return tiled_mma
 
-    def _block_scales(self, kb, w_scales, sActScale, a_scale, row0, m, tokens, k_begin, stage):
-        """Block kb's scale per token column of this thread (weight x activation); `stage`:
-        the ring stage holding block kb (ring_scales: its scales are there)."""
+    def _block_scales(self, kb, w_scales, sActScale, a_scale, row0, m, tokens, k_begin):
+        """Block kb's scale per token column of this thread (weight x activation)."""
         if cutlass.const_expr(self.fused):
             return [w_scales[kb] * sActScale[kb, tok] for tok in tokens]
-        if cutlass.const_expr(self.ring_scales):
-            col = (k_begin + kb) % SCALE_COLS
-            return [w_scales[kb] * a_scale[tok, col, stage] for tok in tokens]
         return [w_scales[kb] * a_scale[cutlass.min(row0 + tok, m - 1), k_begin + kb] for tok in tokens]
 
     def _promote(self, acc, partial, scales, half=None):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from . import epilogue as epi
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .sm90_parts import EPI_BUFFERS, SMEM_CAPACITY
-from .swap_ab_kloop_sm90 import PIPELINED_MAX_TILE, SCALE_COLS, TWO_PARTIALS_MAX_TILE
+from .swap_ab_kloop_sm90 import PIPELINED_MAX_TILE, TWO_PARTIALS_MAX_TILE
 
 TOKEN_TILES = (8, 16, 32, 64)
 # cluster_n: CTAs of consecutive heads (one cluster) sharing the first token tile's fused
@@ -42,6 +42,9 @@ class Sm90SwapABLimits:
                        "split_k=1")
         if config.mma_per_promotion != 4:
             out.append("swap_ab promotes once per 128-K block (mma_per_promotion=4)")
+        if config.pipelined_promotion and config.tile_m > TWO_PARTIALS_MAX_TILE and not config.fused_act_quant:
+            out.append("swap_ab pipelined_promotion at 64 tokens needs fused_act_quant (the separate quantizer's "
+                       "scales a block ahead spill there)")
         if config.pipelined_promotion and config.tile_m > PIPELINED_MAX_TILE:
             out.append(f"swap_ab pipelined_promotion needs tile_m <= {PIPELINED_MAX_TILE}")
         return out
@@ -54,20 +57,11 @@ class Sm90SwapABLimits:
         if k_tiles % config.cluster_n:
             return [f"swap_ab cluster_n={config.cluster_n} shares the quantizer's K blocks evenly: it does not "
                     f"divide the {k_tiles} K blocks"]
-        if (config.pipelined_promotion and config.tile_m > TWO_PARTIALS_MAX_TILE
-                and not (config.fused_act_quant or cls.scales_in_ring(config, k))):
-            return ["swap_ab pipelined_promotion at 64 tokens needs the scales in shared memory (fused_act_quant, "
-                    "or K / 128 a multiple of 4): loaded a block ahead from global memory they spill"]
         fit = cls.stages_that_fit(config, k)
         if fit < 2 or (config.stages and config.stages > fit):
             return [f"shared memory: {fit} weight stages fit beside the rest at tile_m={config.tile_m}, "
                     f"split_k={config.split_k}, K={k}"]
         return []
-
-    @staticmethod
-    def scales_in_ring(config: GemmConfig, k: int) -> bool:
-        """The separate quantizer's scales come by TMA with each ring stage."""
-        return not config.fused_act_quant and (k // SCALE_BLOCK_K) % SCALE_COLS == 0
 
     @staticmethod
     def reduce_scatters(config: GemmConfig) -> bool:
@@ -99,8 +93,6 @@ class Sm90SwapABLimits:
     @classmethod
     def stages_that_fit(cls, config: GemmConfig, k: int) -> int:
         stage = epi.HEAD_DIM * SCALE_BLOCK_K + (0 if config.fused_act_quant else config.tile_m * SCALE_BLOCK_K)
-        if cls.scales_in_ring(config, k):
-            stage += config.tile_m * SCALE_COLS * 4
         return min(16, (SMEM_CAPACITY - cls._fixed_bytes(config, k)) // stage)
 
     @classmethod

@@ -120,8 +120,7 @@ HELPER_CASES = [
         (1, 1024, 1536, 8, 4, 1), (7, 1024, 1536, 8, 3, 2), (16, 8192, 1536, 16, 2, 1), (31, 8192, 1536, 32, 2, 2),
         (33, 8192, 1024, 64, 2, 2), (64, 1024, 1536, 64, 2, 1), (200, 1024, 1536, 64, 1, 2), (65, 8192, 1536, 32, 1, 2),
         (129, 8192, 1536, 32, 1, 2), (129, 8192, 1536, 32, 1, 1),
-        # K / 128 not a multiple of 4: the separate quantizer's scales from global memory (else
-        # by TMA with each ring stage): 9 blocks in 3, 10 unsplit and 5 in 5
+        # K of 9 blocks in 3, 10 unsplit and 5 in 5
         (20, 8192, 1152, 16, 3, 2), (40, 1024, 1280, 32, 1, 2), (70, 1024, 640, 64, 1, 2))
 ]
 
@@ -184,11 +183,11 @@ WEIGHT_SHARED_CASES = [
         (40, 8192, 1536, 16, 2, True, True), (64, 8192, 1536, 32, 2, True, True), (33, 1024, 1536, 32, 2, True, True),
         (50, 8192, 1536, 8, 2, True, True), (100, 8192, 1536, 16, 2, True, True), (200, 8192, 1536, 32, 2, True, True),
         (100, 1024, 1024, 16, 1, True, False), (40, 8192, 1536, 16, 1, False, False),
-        # the separate quantizer at 32 tokens; 64-token tiles (the halves' pipelined loop),
-        # separate and fused quantizers; M = 70: the second tile 6 rows; M = 200: two pairs a
-        # head, the second pair's last tile past M
-        (64, 8192, 1536, 32, 2, False, True), (128, 8192, 1536, 64, 2, False, True),
-        (70, 8192, 1024, 64, 2, False, True), (200, 1024, 1536, 64, 2, False, True),
+        # the separate quantizer at 32 tokens; 64-token tiles, separate quantizer (plain K
+        # loop) and fused (the halves' pipelined loop); M = 70: the second tile 6 rows; M = 200:
+        # two pairs a head, the second pair's last tile past M
+        (64, 8192, 1536, 32, 2, False, True), (128, 8192, 1536, 64, 2, False, False),
+        (70, 8192, 1024, 64, 2, False, False), (200, 1024, 1536, 64, 2, False, False),
         (100, 8192, 1536, 64, 2, True, True))
 ]
 
@@ -273,9 +272,7 @@ def test_swap_ab_reduce_scatter_equals_the_gather(m, n, k, gather_tile, scatter_
 # commit groups), with several token tiles a CTA and a split of 3.
 PIPELINED_CASES = [(16, 8192, 1536, 16, 2, 2, True), (9, 8192, 1024, 16, 1, 1, True), (32, 1024, 1536, 32, 4, 1, False),
                    (3, 1024, 1536, 8, 3, 2, True), (129, 8192, 1536, 32, 1, 2, True), (27, 1024, 1536, 32, 2, 2, False),
-                   (64, 8192, 1536, 64, 2, 2, True), (200, 1024, 1536, 64, 4, 2, True), (61, 1024, 1536, 64, 3, 1, True),
-                   # 64-token tiles with the separate quantizer (its scales by TMA with each stage)
-                   (100, 8192, 1536, 64, 2, 2, False), (70, 1024, 1024, 64, 1, 1, False)]
+                   (64, 8192, 1536, 64, 2, 2, True), (200, 1024, 1536, 64, 4, 2, True), (61, 1024, 1536, 64, 3, 1, True)]
 
 
 def _pipelined_tactic(t, s, e, fused, pipelined):

@@ -132,8 +132,7 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
     132 SMs); a second epilogue warpgroup where a tile has 32 rows or more (below that one
     warpgroup's 16-row pass already covers it) or where it helps quantize the first tile;
     each block's promotion under the next block's WGMMAs as well (64-token tiles: with the
-    fused quantizer, or the separate one where K / 128 is a multiple of 4; the kernel's
-    shape_problems rejects the rest)."""
+    fused quantizer only; the kernel's shape_problems rejects the rest)."""
     tile = swap_ab_tile(m)
     heads = n // 128
     splits = [s for s in (1, 2, 3, 4, 6, 8) if (k // 128) % s == 0 and (s in (1, 2, 4) or heads <= 16)]
@@ -180,9 +179,9 @@ def _swap_ab_candidates(m: int, n: int, k: int, sms: int):
     # M = 64). But each CTA quantizes its tile alone; on the H200 they won at V4-Flash M =
     # 17-32 and V4-Pro M = 97-128 (ninth session) and lost to heads sharing the quantizer
     # elsewhere. With the separate quantizer as well: no CTA quantizes, the weight crosses once
-    # and no K split has to be reduced (V4 at M = 64 on 32-token pairs, M = 65-128 on 64-token
-    # pairs: 128 CTAs); on the H200 these lost everywhere (eleventh session: V4-Pro M = 128
-    # 12.5 us against the table's 11.6), kept as candidates for other GPUs.
+    # and no K split has to be reduced (V4 at M = 64 on 32-token pairs: 128 CTAs); on the
+    # H200 these lost everywhere (eleventh session: V4-Pro M = 64 10.4 us against the
+    # table's 8.3), kept as candidates for other GPUs.
     for t in (8, 16, 32, 64):
         tiles = -(-m // t)
         if t > tile or tiles < 2:
@@ -296,8 +295,8 @@ def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int) ->
             share = 2
     even_blocks = (k // 128) % 2 == 0  # GemmConfig: pipelined_promotion needs an even K-block count
     for fused in (True, False):
-        # 64-token tiles pipeline their promotion with the fused quantizer only (the kernel
-        # can with the separate one where K / 128 is a multiple of 4; never timed faster)
+        # 64-token tiles pipeline their promotion with the fused quantizer only (with the
+        # separate one the scales, loaded a block ahead, spill)
         pipelined = even_blocks and tile <= SWAP_AB_PIPELINED_MAX_TILE and (fused or tile <= 32)
         for split in splits:
             shared = share if fused and split == 1 else 1
