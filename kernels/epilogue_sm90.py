@@ -11,7 +11,9 @@ mainloop.
 A kernel class that mixes this in sets: tile_rows (token rows of a tile), row_layout,
 lanes_per_row, rows_per_pass, epilogue_regs, skip_rows_past_m, config and _m_tile(); it may
 set epi_rows and _epi_row0() (the rows this CTA finishes: a K split that reduce-scatters
-gives each rank a slice of the tile).
+gives each rank a slice of the tile), and helper_rows with num_consumers: the consumer
+warpgroups, idle once they have handed over the CTA's last tile, finish that tile's last
+helper_rows rows (_help_last_tile) while the epilogue warpgroups finish the others.
 """
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ import cutlass.utils as utils
 from cutlass import Float32, Int32
 
 from . import epilogue as epi
-from .sm90_parts import (BAR_HADAMARD_READY, EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, issue_wgmmas,
-                         swizzled_word)
+from .sm90_parts import (BAR_HADAMARD_READY, BAR_LAST_TILE_HANDED, EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP,
+                         issue_wgmmas, swizzled_word)
 
 
 class Sm90EpilogueRoles:
+    helper_rows = 0  # rows of the CTA's last tile that its consumers finish (0: none)
+
     @property
     def epi_rows(self):
         """Token rows this CTA's epilogue finishes a tile: the whole tile by default."""
@@ -74,28 +78,66 @@ class Sm90EpilogueRoles:
             # The profiling probe (epilogue=False) only takes the tile and gives the buffer back.
             if cutlass.const_expr(self.config.epilogue):
                 tile_row0 = self._epi_row0(tile)
-                if cutlass.const_expr(not self.skip_rows_past_m):
-                    self._epilogue_passes(sQ, epi_state.index, rows, cs, ahead, row_in_pass, lane_in_row,
+                local = [p * self.rows_per_pass + row_in_pass for p in range(passes)]
+                if cutlass.const_expr(self.helper_rows > 0):
+                    # The CTA's last tile: the consumers finish its last helper_rows rows.
+                    own = passes - self.helper_rows // self.rows_per_pass
+                    self._epilogue_passes(sQ, epi_state.index, rows, local, cs, ahead, range(own), lane_in_row,
+                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
+                    sched.advance_to_next_work()
+                    if sched.get_current_work().is_valid_tile:
+                        self._epilogue_passes(sQ, epi_state.index, rows, local, list(cs), ahead, range(own, passes),
+                                              lane_in_row, lane_cols, head, m, num_pos, positions, cos_sin, out_q,
+                                              out_scale, None)
+                elif cutlass.const_expr(not self.skip_rows_past_m):
+                    self._epilogue_passes(sQ, epi_state.index, rows, local, cs, ahead, range(passes), lane_in_row,
                                           lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
                 elif cutlass.const_expr(small_tile):
                     warp_row0 = tile_row0 + cute.arch.make_warp_uniform(etidx // 32) * (32 // self.lanes_per_row)
-                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
-                                          lane_cols, head, cutlass.min(m, tile_row0 + bm), num_pos, positions,
-                                          cos_sin, out_q, out_scale, warp_row0)
+                    self._epilogue_passes(sQ, epi_state.index, rows, local, list(cs), ahead, range(passes),
+                                          lane_in_row, lane_cols, head, cutlass.min(m, tile_row0 + bm), num_pos,
+                                          positions, cos_sin, out_q, out_scale, warp_row0)
                 elif tile_row0 + bm <= m:
-                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
-                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale, None)
+                    self._epilogue_passes(sQ, epi_state.index, rows, local, list(cs), ahead, range(passes),
+                                          lane_in_row, lane_cols, head, m, num_pos, positions, cos_sin, out_q,
+                                          out_scale, None)
                 else:
                     # The last, partial tile: a warp skips the passes where all its rows
                     # are past M (decode: M = 1 runs one warp's pass, not the whole tile's).
                     warp_row0 = tile_row0 + cute.arch.make_warp_uniform(etidx // 32) * (32 // self.lanes_per_row)
-                    self._epilogue_passes(sQ, epi_state.index, rows, list(cs), ahead, row_in_pass, lane_in_row,
-                                          lane_cols, head, m, num_pos, positions, cos_sin, out_q, out_scale,
-                                          warp_row0)
+                    self._epilogue_passes(sQ, epi_state.index, rows, local, list(cs), ahead, range(passes),
+                                          lane_in_row, lane_cols, head, m, num_pos, positions, cos_sin, out_q,
+                                          out_scale, warp_row0)
             epi_pipeline.consumer_release(epi_state)
             epi_state.advance()
-            sched.advance_to_next_work()
+            if cutlass.const_expr(self.helper_rows == 0):
+                sched.advance_to_next_work()
             work = sched.get_current_work()
+
+    @cute.jit
+    def _help_last_tile(self, sQ, buf, ctidx, tile_row0, head, m, positions, cos_sin, out_q, out_scale):
+        """A consumer thread's share of the CTA's last tile, once every consumer has handed
+        it over: rows [tile_rows - helper_rows, tile_rows) of buffer `buf`, at the epilogue
+        warpgroups' lanes a row. The consumers' registers are free by then (two cos/sin
+        rows ahead), and their warps double those that run the tile's tail."""
+        layout = self.row_layout
+        lanes = self.lanes_per_row
+        consumer_threads = self.num_consumers * WARPGROUP
+        lane = cute.arch.lane_idx()
+        lane_in_row = lane % lanes
+        lane_cols = layout.column_lane_bits(lane_in_row)
+        rows_per_pass = consumer_threads // lanes
+        row_in_pass = (ctidx // 32) * (32 // lanes) + lane // lanes
+        passes = self.helper_rows // rows_per_pass
+        local = [self.tile_rows - self.helper_rows + p * rows_per_pass + row_in_pass for p in range(passes)]
+        rows = [tile_row0 + r for r in local]
+        num_pos = cos_sin.shape[0]
+        cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
+              for p in range(min(2, passes))]
+        # every consumer's bf16 rows are in the buffer
+        cute.arch.barrier(barrier_id=BAR_LAST_TILE_HANDED, number_of_threads=consumer_threads)
+        self._epilogue_passes(sQ, buf, rows, local, cs, 2, range(passes), lane_in_row, lane_cols, head, m,
+                              num_pos, positions, cos_sin, out_q, out_scale, None)
 
     @cute.jit
     def _epilogue_tc_hadamard(self, epi_pipeline, sQ, sH, h_mma, etidx, sched_params, positions, cos_sin,
@@ -209,16 +251,18 @@ class Sm90EpilogueRoles:
                                    out_scale, vector=True)
 
     @cute.jit
-    def _epilogue_passes(self, sQ, buf, rows, cs, ahead, row_in_pass, lane_in_row, lane_cols, head, m,
+    def _epilogue_passes(self, sQ, buf, rows, local, cs, ahead, pass_range, lane_in_row, lane_cols, head, m,
                          num_pos, positions, cos_sin, out_q, out_scale, warp_row0):
-        """The tile's passes of rows. warp_row0 None: a full tile, one basic block (stores
-        predicated); else each pass runs only in warps that hold a row below M."""
+        """Passes `pass_range` of the tile's: pass p finishes token row rows[p], row local[p]
+        of buffer `buf`, with cos/sin cs[p] (pass p requests those of pass p + ahead). warp_row0
+        None: one basic block (stores predicated); else each pass runs only in warps that
+        hold a row below M."""
         layout = self.row_layout
         passes = len(rows)
-        for p in cutlass.range_constexpr(passes):
+        for p in cutlass.range_constexpr(pass_range.start, pass_range.stop):
             if cutlass.const_expr(p + ahead < passes):
                 cs.append(epi.load_cos_sin(layout, rows[p + ahead], m, num_pos, positions, cos_sin, lane_cols))
-            r = p * self.rows_per_pass + row_in_pass
+            r = local[p]
             if cutlass.const_expr(warp_row0 is None):
                 vals = self._load_row(sQ, buf, r, layout, lane_cols)
                 epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,

@@ -95,6 +95,11 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         self.skip_rows_past_m = config.tile_m == 64
         self.tc_hadamard = config.uses_tensor_core_hadamard
         self._setup_roles(EPI_LANES_PER_ROW[self.epi_wgs])
+        # The CTA's last tile (its only one where M <= ~16K / heads): the consumers, idle once
+        # they have handed it over, finish its second half. 128-row tiles of one CTA, the
+        # butterfly epilogue.
+        if config.tile_m == 128 and config.split_k == 1 and not self.tc_hadamard and config.epilogue:
+            self.helper_rows = config.tile_m // 2
 
     def operand_args(self, m, n: int, k: int) -> list:
         """fp8 A [M, K], f32 activation scales [M, K/128], fp8 W [N, K], f32 W scales."""
@@ -363,7 +368,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, warpgroup - 1, tidx - WARPGROUP,
-                    k_begin, k_end, sched_params, a_scale, w_scale, reduce)
+                    k_begin, k_end, sched_params, a_scale, w_scale, reduce, (positions, cos_sin, out_q, out_scale))
             if cutlass.const_expr(self.split_k == 1):
                 self._consumer(*args, role="whole")
             elif cta_rank == 0:
@@ -433,10 +438,11 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
     @cute.jit
     def _consumer(
         self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, consumer_idx, ctidx, k_begin, k_end,
-        sched_params, a_scale, w_scale, reduce, role: cutlass.Constexpr,
+        sched_params, a_scale, w_scale, reduce, epi_args, role: cutlass.Constexpr,
     ):
         """role: "whole" (all K blocks), or in a K split "reduce" (rank 0: adds the other
-        ranks' partial tiles, then hands the tile to the epilogue) or "send" (ranks 1..)."""
+        ranks' partial tiles, then hands the tile to the epilogue) or "send" (ranks 1..).
+        epi_args: (positions, cos_sin, out_q, out_scale), for the last tile's helpers."""
         bm, bn, bk = self.tile_shape_mnk
         thr_mma = tiled_mma.get_slice(ctidx)
         tCsA = thr_mma.partition_A(sA)
@@ -513,11 +519,15 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             if cutlass.const_expr(role == "reduce"):
                 add_partials(acc, reduce, ctidx, tiles_done, bm * bn * 4)
             tiles_done += 1
+            buf = epi_state.index
             if cutlass.const_expr(role != "send"):
                 self._hand_to_epilogue(acc, epi_pipeline, epi_state, sQ, row_in_tile, quad_lane)
                 epi_state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
+            if cutlass.const_expr(self.helper_rows > 0):
+                if not work.is_valid_tile:
+                    self._help_last_tile(sQ, buf, ctidx, m_tile * bm, head, m, *epi_args)
         if cutlass.const_expr(role == "send"):
             # Rank 0 arrives on this CTA's "slot free" barrier after its last read: wait
             # for that before exiting, so no remote arrive targets an exited CTA.

@@ -26,6 +26,7 @@ ROW_LAYOUTS = {4: epi.SM90_EPI_ROW_LAYOUT, 8: epi.SM90_EPI8_ROW_LAYOUT}
 WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
 HADAMARD_BYTES = epi.HEAD_DIM * epi.HEAD_DIM * 2  # the bf16 +-1 matrix of the tensor-core Hadamard
 BAR_HADAMARD_READY = 1  # named barrier (0 is the CTA's): the epilogue's +-1 matrix is in shared memory
+BAR_LAST_TILE_HANDED = 2  # the consumers' bf16 rows of the CTA's last tile are all in shared memory
 ACCUMULATE = cute.nvgpu.warpgroup.Field.ACCUMULATE
 
 
