@@ -196,7 +196,9 @@ def _candidates():
     """Speed knobs worth timing: 64- and 128-row tiles with one or two epilogue
     warpgroups, the cluster shapes that won somewhere on the H200 (64-row tiles
     multicasting the weight, 128-row tiles multicasting the activation), 128-row tiles
-    with the Hadamard on the tensor cores, and a K split in 4 (TP8 decode). Left out:
+    with the Hadamard on the tensor cores, a K split in 4 (TP8 decode), and 128-row tiles
+    on a ring of 3 or 4 stages instead of the 5 that fit (H200, twelfth session: 4 stages
+    0.1-0.6 us faster at V4 M = 192-512, where a CTA has one or two tiles). Left out:
     finer promotion (mma_per_promotion < 4 buys accuracy, never speed: 1.1x / 1.3x the
     time), 2x2 clusters (too few resident clusters: 1.9x the time), pipelined promotion
     (V4-Pro on the H200: 168 us at M = 4096 and 670 us at M = 16384, against 157 / 649 us
@@ -213,6 +215,8 @@ def _candidates():
     yield Tactic(tile_m=128, tensor_core_hadamard=True)
     yield Tactic(tile_m=128, cluster_n=2, tensor_core_hadamard=True)
     yield Tactic(tile_m=64, split_k=4, epilogue_warpgroups=2)
+    for stages in (3, 4):
+        yield Tactic(tile_m=128, epilogue_warpgroups=2, stages=stages)
 
 
 def can_run(arch: str, tactic: Tactic, n: int, k: int) -> bool:
