@@ -15,9 +15,9 @@ from cutlass import Float32, Int32
 
 from . import epilogue as epi
 
-THREADS = 256
+THREADS = 128
 LANES_PER_UNIT = 16  # 16 lanes x 8 values = one 128-wide K block
-ITEMS = 4  # units per half-warp
+ITEMS = 2  # units per half-warp
 BLOCK_K = 128
 WORDS_PER_LANE_IN = 4  # 8 bf16
 WORDS_PER_LANE_OUT = 2  # 8 e4m3
@@ -43,7 +43,7 @@ class ActQuantFp8:
         # Launched with programmatic dependent launch: its CTAs may start while the launch
         # before it (the previous call's GEMM) finishes, and wait for it in the kernel.
         self.kernel(qr_words, out_words, out_scale, units, k_blocks).launch(
-            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=True
+            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=True,
         )
 
     @cute.kernel
