@@ -15,6 +15,9 @@ from cutlass import Float32, Int32
 
 from . import epilogue as epi
 
+# 128 threads of 32 registers: a CTA fits beside a native GEMM CTA (640 threads x 96 of the
+# SM's 65536 registers), and on the H200 this ran 0.7 us faster alone at M <= 512 (2 us at
+# M = 16384) than 256 threads with 4 units a half-warp (44 registers).
 THREADS = 128
 LANES_PER_UNIT = 16  # 16 lanes x 8 values = one 128-wide K block
 ITEMS = 2  # units per half-warp
