@@ -46,7 +46,7 @@ class ActQuantFp8:
         # Launched with programmatic dependent launch: its CTAs may start while the launch
         # before it (the previous call's GEMM) finishes, and wait for it in the kernel.
         self.kernel(qr_words, out_words, out_scale, units, k_blocks).launch(
-            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=True,
+            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=True
         )
 
     @cute.kernel
