@@ -22,6 +22,22 @@ def test_bench_writes_json_csv_markdown(tmp_path):
     assert "| v4-pro | mxfp4 | 2 | 20.0 | 40.0 |" in md and "2026-11-30" in md
 
 
+def test_bench_markdown_says_where_the_fused_tactics_came_from(tmp_path):
+    """A stale table (kernels changed since it was tuned) makes the op fall back to the
+    heuristic silently: the bench's markdown says so, with the reason."""
+    env = {"date": "2026-12-01", "gpu": "X", "sms": 1, "torch": "t", "cuda": "c", "cutlass_dsl": "d",
+           "triton": "r", "indexer_q": "0", "copy_bandwidth_TBps": 4.2, "tactic_table": "none (heuristic)",
+           "tactic_tables_skipped": ["pkg.json (package): kernel_fingerprint a != b here"]}
+    rows = [{"shape": "v4-pro", "M": 1, "N": 8192, "K": 1536, "hadamard": True, "out_format": "mxfp4",
+             "fused_us": 10.0, "floor_us": 5.0, "fused_over_floor": 2.0}]
+    bench.write_outputs(env, rows, tmp_path / "b", plots=False)
+    md = (tmp_path / "b.md").read_text()
+    assert "ran the heuristic's tactics" in md and "kernel_fingerprint a != b" in md
+    env |= {"tactic_table": "pkg.json", "tactic_tables_skipped": []}
+    bench.write_outputs(env, rows, tmp_path / "c", plots=False)
+    assert "ran the tactics of pkg.json." in (tmp_path / "c.md").read_text()
+
+
 def test_problem_bytes_counts_the_output_format():
     assert bench.problem_bytes(16, 8192, 1536, "fp8") - bench.problem_bytes(16, 8192, 1536) == 16 * 8192 // 2
 

@@ -334,8 +334,26 @@ def environment() -> dict:
         "deepgemm": deepgemm.version(),
         "indexer_q": indexer_q.__version__,
         "commit": _git_commit(),
-        "tactic_table": str(table.table_path() or "none (heuristic)"),
+        **_tables_record(),
     }
+
+
+def _tables_record() -> dict:
+    """Where the `fused` column's tactics come from, and why any table was passed over
+    (a table tuned on other kernels is ignored: its fingerprint differs)."""
+    d = table.describe_tables()
+    return {"tactic_table": str(d["path"] or "none (heuristic)"),
+            "tactic_tables_skipped": [f"{path} ({source}): {why}" for path, source, why in d["skipped"]]}
+
+
+def tactics_sentence(env: dict) -> str:
+    """The markdown's line on the `fused` column's tactics."""
+    skipped = env.get("tactic_tables_skipped") or []
+    if env.get("tactic_table", "").startswith("none"):
+        why = f" ({'; '.join(skipped)})" if skipped else ""
+        return f"**The `fused` column ran the heuristic's tactics: no tactic table served this setup{why}.**"
+    out = f"The `fused` column ran the tactics of {env.get('tactic_table', 'an unrecorded table')}"
+    return out + (f", after passing over {'; '.join(skipped)}." if skipped else ".")
 
 
 def _git_commit() -> str:
@@ -399,6 +417,7 @@ def write_outputs(env, rows, stem: Path, plots=True):
              f"the next multiple of {PEER_M_MULTIPLE} rows, as an engine would pad them; the DeepGEMM peers "
              f"always run on the real M. \"unfused\" is the chain with cuBLAS, \"DeepGEMM chain\" the same "
              f"chain with DeepGEMM's GEMM (plus the activation scale's relayout it needs).", "",
+             tactics_sentence(env), "",
              "| shape | format | M | fused | unfused | DeepGEMM chain | cuBLAS GEMM | DeepGEMM GEMM | torch | floor "
              "| /unfused | /DeepGEMM chain | /cuBLAS | /DeepGEMM GEMM | /floor |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -504,6 +523,8 @@ def main(argv=None):
                            "timing": "sequential" if args.sequential else "interleaved",
                            "activations": "warm" if args.warm_activations else "cold"}
     print(json.dumps(env), flush=True)
+    if env["tactic_table"].startswith("none"):
+        print(f"bench: {tactics_sentence(env)}", file=sys.stderr, flush=True)
     jobs = [(s, f, m) for s in args.shapes for f in args.out_format for m in ms]
     rows = []
     for i, (shape, fmt_, m) in enumerate(jobs):
