@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from indexer_q.tactics import Tactic
@@ -36,6 +37,23 @@ def test_bench_markdown_says_where_the_fused_tactics_came_from(tmp_path):
     env |= {"tactic_table": "pkg.json", "tactic_tables_skipped": []}
     bench.write_outputs(env, rows, tmp_path / "c", plots=False)
     assert "ran the tactics of pkg.json." in (tmp_path / "c.md").read_text()
+
+
+def test_ab_summary_pairs_the_runs(tmp_path):
+    """tuning/ab_bench.sh's summary: each run's time per (shape, M, contender), the means
+    of A and B and B - A."""
+    from tuning import ab_summary
+
+    for tag, us in (("A1", 10.0), ("B1", 9.0), ("A2", 10.4), ("B2", 9.2)):
+        rows = [{"shape": "v4-pro", "M": 256, "fused_us": us, "fused[tile_m=128]_us": us + 1, "floor_us": 3.0,
+                 "fused_over_floor": us / 3}]
+        (tmp_path / f"{tag}.json").write_text(json.dumps({"environment": {}, "rows": rows}))
+    md = ab_summary.table(ab_summary.load(sorted(tmp_path.glob("*.json"))))
+    assert "| v4-pro | 256 | fused | 10.00 | 9.00 | 10.40 | 9.20 | 10.20 | 9.10 | -1.10 |" in md
+    assert "| v4-pro | 256 | [tile_m=128] |" in md and "floor" not in md
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ValueError, match="A<round>"):
+        ab_summary.load([tmp_path / "x.json"])
 
 
 def test_problem_bytes_counts_the_output_format():
@@ -104,7 +122,6 @@ def test_merge_tables(tmp_path):
     """Per-(model, TP) tables merge into one per GPU; clashing metadata or shapes refuse."""
     import json
 
-    import pytest
 
     from indexer_q import table
     from indexer_q.tactics import Tactic
@@ -175,7 +192,6 @@ def test_restamp_refuses_tables_not_tuned_with_the_baseline(tmp_path):
 
     if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "HEAD"], cwd=restamp.ROOT,
                                                       capture_output=True).returncode:
-        import pytest
 
         pytest.skip("needs the git checkout")
     src = next(Path(tune.__file__).parent.joinpath("tables").glob("NVIDIA_H200_*.json"))
