@@ -32,6 +32,26 @@ class Sm90NativeKLoops:
         for i in range(cute.size(acc)):
             acc[i] = acc[i] + partial[i] * (s0 if (i // 2) % 2 == 0 else s1)
 
+    @staticmethod
+    def _block_scales(a_scale, w_scale, srow0, srow1, head, kb):
+        """K block kb's promotion scales of a thread's two accumulator rows."""
+        return a_scale[srow0, kb] * w_scale[head, kb], a_scale[srow1, kb] * w_scale[head, kb]
+
+    def _issue_then_promote(self, ab_pipeline, issue_state, read_state, tiled_mma, tCrA, tCrB, acc, into, done,
+                            done_scales, scales_args, kb):
+        """Block kb's WGMMAs into partial `into`; once the previous block's have completed,
+        its stage is released and partial `done` promoted with `done_scales`. Returns
+        (tiled_mma, block kb's scales)."""
+        ab_pipeline.consumer_wait(issue_state)
+        tiled_mma = issue_wgmmas(tiled_mma, into, tCrA, tCrB, range(cute.size(tCrA, mode=[2])), issue_state.index)
+        issue_state.advance()
+        cute.nvgpu.warpgroup.wait_group(1)
+        scales = self._block_scales(*scales_args, kb)
+        ab_pipeline.consumer_release(read_state)
+        read_state.advance()
+        self._promote(acc, done, *done_scales)
+        return tiled_mma, scales
+
     @cute.jit
     def _mainloop_pipelined(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, p0, p1, k_tiles,
                             a_scale, w_scale, srow0, srow1, head):
@@ -40,49 +60,26 @@ class Sm90NativeKLoops:
         scales are loaded when its WGMMAs are issued and used after they complete. Every
         pipeline-state step is unconditional (the last pair is peeled), so the states stay
         plain loop-carried values."""
-        mma_per_stage = cute.size(tCrA, mode=[2])
+        scales_args = (a_scale, w_scale, srow0, srow1, head)
         issue_state = read_state.clone()
         ab_pipeline.consumer_wait(issue_state)
-        tiled_mma = issue_wgmmas(tiled_mma, p0, tCrA, tCrB, range(mma_per_stage), issue_state.index)
+        tiled_mma = issue_wgmmas(tiled_mma, p0, tCrA, tCrB, range(cute.size(tCrA, mode=[2])), issue_state.index)
         issue_state.advance()
-        e0 = a_scale[srow0, 0] * w_scale[head, 0]
-        e1 = a_scale[srow1, 0] * w_scale[head, 0]
+        even = self._block_scales(*scales_args, 0)
         # Fully unrolled (K is a compile-time constant): a WGMMA still in flight across a
         # loop back-edge makes ptxas copy its accumulators there and serialize every WGMMA
         # (its C7514 report).
         for kp in cutlass.range_constexpr(0, k_tiles - 2, 2):
-            # block kp+1 -> p1, then promote block kp (p0)
-            ab_pipeline.consumer_wait(issue_state)
-            tiled_mma = issue_wgmmas(tiled_mma, p1, tCrA, tCrB, range(mma_per_stage), issue_state.index)
-            issue_state.advance()
-            cute.nvgpu.warpgroup.wait_group(1)
-            o0 = a_scale[srow0, kp + 1] * w_scale[head, kp + 1]
-            o1 = a_scale[srow1, kp + 1] * w_scale[head, kp + 1]
-            ab_pipeline.consumer_release(read_state)
-            read_state.advance()
-            self._promote(acc, p0, e0, e1)
-            # block kp+2 -> p0, then promote block kp+1 (p1)
-            ab_pipeline.consumer_wait(issue_state)
-            tiled_mma = issue_wgmmas(tiled_mma, p0, tCrA, tCrB, range(mma_per_stage), issue_state.index)
-            issue_state.advance()
-            cute.nvgpu.warpgroup.wait_group(1)
-            e0 = a_scale[srow0, kp + 2] * w_scale[head, kp + 2]
-            e1 = a_scale[srow1, kp + 2] * w_scale[head, kp + 2]
-            ab_pipeline.consumer_release(read_state)
-            read_state.advance()
-            self._promote(acc, p1, o0, o1)
+            # block kp+1 -> p1, promote block kp (p0); block kp+2 -> p0, promote block kp+1 (p1)
+            tiled_mma, odd = self._issue_then_promote(ab_pipeline, issue_state, read_state, tiled_mma, tCrA, tCrB,
+                                                      acc, p1, p0, even, scales_args, kp + 1)
+            tiled_mma, even = self._issue_then_promote(ab_pipeline, issue_state, read_state, tiled_mma, tCrA, tCrB,
+                                                       acc, p0, p1, odd, scales_args, kp + 2)
         # the last pair: block k_tiles-1 -> p1, promote k_tiles-2 (p0), then k_tiles-1 (p1)
-        last = k_tiles - 1
-        ab_pipeline.consumer_wait(issue_state)
-        tiled_mma = issue_wgmmas(tiled_mma, p1, tCrA, tCrB, range(mma_per_stage), issue_state.index)
-        o0 = a_scale[srow0, last] * w_scale[head, last]
-        o1 = a_scale[srow1, last] * w_scale[head, last]
-        cute.nvgpu.warpgroup.wait_group(1)
-        ab_pipeline.consumer_release(read_state)
-        read_state.advance()
-        self._promote(acc, p0, e0, e1)
+        tiled_mma, odd = self._issue_then_promote(ab_pipeline, issue_state, read_state, tiled_mma, tCrA, tCrB, acc,
+                                                  p1, p0, even, scales_args, k_tiles - 1)
         cute.nvgpu.warpgroup.wait_group(0)
         ab_pipeline.consumer_release(read_state)
         read_state.advance()
-        self._promote(acc, p1, o0, o1)
+        self._promote(acc, p1, *odd)
         return read_state
