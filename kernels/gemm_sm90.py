@@ -255,6 +255,10 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
     ):
         bm, bn, bk = self.tile_shape_mnk
         stages = self.stages
+        if cutlass.const_expr(self.config.pdl and self.config.tile_m == 64):
+            # 64-row tiles (TP8 M = 257-1024): the next call's activation quantizer may start on
+            # SMs this grid leaves free; it waits for our completion before it reads or writes.
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
