@@ -1,7 +1,7 @@
 """`indexer-q tune`: profile every valid tactic per M bucket and write a tactic table.
 
-For each M (powers of two from 1 to 16384, then the midpoints between neighbours whose
-winners differ), every candidate from `indexer_q.valid_tactics` is first checked against
+For each M (powers of two from 1 to 16384, 1.5x points from 24 to 384, then the midpoints
+between neighbours whose winners differ), every candidate from `indexer_q.valid_tactics` is first checked against
 the reference (the SPEC's agreement, at the floor the H200 reaches with the Hadamard),
 then timed like the benchmark (CUDA graphs, cold L2, median, the candidates' replays
 interleaved). The fastest correct one
@@ -32,7 +32,10 @@ from indexer_q.tactics import heuristic, valid_tactics
 from indexer_q.testing import fp4_signed_codes, make_inputs
 
 MODELS = {"v4-pro": 1536, "v4-flash": 1024}  # K; N = 8192 / TP
-BUCKETS = [2**i for i in range(15)]
+# Powers of two from 1 to 16384, and 1.5x points in the decode range (24-384), where token
+# tiles switch (a 48-row batch runs on three 16-token tiles, a 64-row one on two of 32); each
+# M takes the winner of the smallest profiled M at or above it.
+BUCKETS = sorted([2**i for i in range(15)] + [3 * 2**i for i in range(3, 8)])
 TABLES = Path(__file__).resolve().parent / "tables"  # per (model, TP)
 PACKAGED = Path(__file__).resolve().parent.parent / "src" / "indexer_q" / "tables"  # per GPU, in the wheel
 MIN_CODES_EQUAL = 0.997  # tests/test_kernel_sm90.py: what Hopper reaches with the Hadamard on
