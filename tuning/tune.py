@@ -1,9 +1,9 @@
 """`indexer-q tune`: profile every valid tactic per M bucket and write a tactic table.
 
 For each M (powers of two from 1 to 16384, 1.5x points from 24 to 384, then the midpoints
-between neighbours whose winners differ), every candidate from `indexer_q.valid_tactics` is first checked against
-the reference (the SPEC's agreement, at the floor the H200 reaches with the Hadamard),
-then timed like the benchmark (CUDA graphs, cold L2, median, the candidates' replays
+between neighbours whose winners differ), every candidate from `indexer_q.valid_tactics` is
+first checked against the reference (the SPEC's agreement, at the floor the H200 reaches with
+the Hadamard), then timed like the benchmark (CUDA graphs, cold L2, median, the candidates' replays
 interleaved). The fastest correct one
 wins, unless the heuristic's choice is within the noise (3%) of it. The table maps each M to the winner
 of the smallest profiled M at or above it.
