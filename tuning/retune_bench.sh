@@ -18,5 +18,5 @@ done
 cp "$out"/t/NVIDIA_H200_v4-*.json tuning/tables/ && python3 -m tuning.tune --merge tuning/tables/NVIDIA_H200_v4-*_tp*.json
 cp src/indexer_q/tables/NVIDIA_H200.json "$out/t/"
 tar czf "$out/tables.tgz" -C "$out" t && rm -rf "$out/t"
-INDEXER_Q_COMMIT=$commit timeout $((590 - (SECONDS - t0))) python3 -m tuning.bench --m 1 2 3 4 8 13 16 24 32 48 64 96 128 192 256 512 --no-plots --out "$out/b/bench" > "$out/b/bench.log" 2>&1
+INDEXER_Q_COMMIT=$commit timeout $((590 - (SECONDS - t0))) python3 -m tuning.bench --m 1 2 3 4 8 13 16 24 32 48 64 96 128 192 256 384 512 --no-plots --out "$out/b/bench" > "$out/b/bench.log" 2>&1
 echo "bench rc=$? at $((SECONDS - t0)) s"
