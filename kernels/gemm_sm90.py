@@ -35,6 +35,9 @@ from .sm90_parts import (EPI_BUFFERS, HADAMARD_BYTES, ROWS_PER_CONSUMER, SMEM_CA
 # The epilogue's lanes a row by its warpgroup count: 4 (32 values a thread), or 8 (16
 # values) so that two warpgroups fit the registers one had.
 EPI_LANES_PER_ROW = {1: 4, 2: 8}
+# Weight blocks a 128-row tile requests before the PDL wait: more compete for DRAM with the
+# activation quantizer the wait is for (3 against 5: 0.1-0.8 us at M = 128-4096, NOTES 70, 73).
+EARLY_WEIGHT_BLOCKS_TILE128 = 3
 
 
 class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
@@ -197,6 +200,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             self.config.raster_along_m,
         )
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
+        self.device_ctas = max_active_clusters * self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
 
         epi_words = EPI_BUFFERS * bm * WORDS_PER_ROW
         reduce_words = max(1, (self.split_k - 1) * bm * bn)
@@ -255,10 +259,14 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
     ):
         bm, bn, bk = self.tile_shape_mnk
         stages = self.stages
-        if cutlass.const_expr(self.config.pdl and self.config.tile_m == 64):
-            # 64-row tiles (TP8 M = 257-1024): the next call's activation quantizer may start on
-            # SMs this grid leaves free; it waits for our completion before it reads or writes.
-            cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.config.pdl):
+            # A grid on at most half the SMs (TP8 M = 257-512, V4 M <= 128 on 128-row tiles): the
+            # next call's activation quantizer may start on the SMs it leaves free (it waits for
+            # our completion before it reads or writes). On a fuller GPU it would compete with our
+            # CTAs (lost 0.4-1.2 us at V4 M = 128-512, NOTES versions 62, 68 and 73).
+            grid_x, grid_y, grid_z = cute.arch.grid_dim()
+            if grid_x * grid_y * grid_z * 2 <= self.device_ctas:
+                cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -398,6 +406,8 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         early = 0
         if cutlass.const_expr(self.config.pdl):
             early = min(self.stages, k_end) if cutlass.const_expr(self.split_k == 1) else 0
+            if cutlass.const_expr(self.config.tile_m == 128):
+                early = min(early, EARLY_WEIGHT_BLOCKS_TILE128)
             a_state = state.clone()
             if work.is_valid_tile:
                 tBgB_n = tBgB[(None, work.tile_idx[1], None)]
