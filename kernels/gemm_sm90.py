@@ -447,6 +447,17 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             early = 0  # only the first tile had its first blocks issued above
             sched.advance_to_next_work()
             work = sched.get_current_work()
+        if cutlass.const_expr(self.config.pdl):
+            # A last round of tiles on at most half the CTAs (V4 M = 257-384 on 128-row tiles):
+            # once every load is issued, the next call's activation quantizer may spread over
+            # the SMs the idle CTAs left and wait there for our completion, so its launch is off
+            # the critical path (-1 us at V4-Pro M = 384). On a fuller last round its CTAs would
+            # crowd the few SMs freed first (+0.3-0.5 us at M = 256 and 1024; NOTES version 74).
+            # One thread's trigger counts for the CTA.
+            clusters = sched.num_persistent_clusters
+            last_round = cute.size(sched.params.problem_layout_ncluster_mnl) % clusters
+            if last_round != 0 and last_round * 2 <= clusters:
+                cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(state)
 
     @cute.jit

@@ -128,6 +128,8 @@ def test_sm90_pdl_waits_for_the_activation_quantizer(tile_m, epilogue_warpgroups
             if role == "producer":
                 early = 0 if split_k > 1 else min(k.stages, 1536 // 128, 3 if tile_m == 128 else 99)
                 assert before.count("cp.async.bulk.tensor") == early, before.count("cp.async.bulk.tensor")
+                # ... and triggers the next launch once every load is issued
+                assert code.rindex("griddepcontrol.launch_dependents;") > code.rindex("cp.async.bulk.tensor")
             else:
                 assert "ld.global" not in before and "cp.async.bulk.tensor" not in before, role
 
