@@ -9,6 +9,14 @@ Measured in one process, CUDA graphs of 20 calls, cold L2, median, replays inter
   full           the fused op
 Parts: first weight bytes = probe_k128 - empty; weight stream = probe - probe_k128
 (against the weight's bytes at the measured copy bandwidth); epilogue tail = full - probe.
+
+`--chain` (tactics with the separate quantizer): instead of the probes, what the separate
+activation quantizer costs inside the op:
+  act_quant      the quantizer alone (its PDL launches back to back)
+  gemm_only      the fused kernel alone on an activation quantized once, outside the graph
+  full           the fused op (quantizer, then the kernel)
+chain cost = full - gemm_only, against act_quant alone. `--tables`: each M's tactic from the
+packaged tables (as the op picks it) instead of the heuristic's.
 """
 from __future__ import annotations
 
@@ -72,6 +80,43 @@ def measure(m: int, n: int, k: int, tactic, bw: float) -> dict:
             "weight_at_copy_bw_us": weight_us, "tail_us": us["full"] - us["probe"]}
 
 
+def measure_chain(m: int, n: int, k: int, tactic) -> dict:
+    """full, gemm_only and act_quant for a tactic with the separate quantizer (module doc)."""
+    import indexer_q
+    from indexer_q import dispatch, jit
+    from indexer_q.reference import empty_outputs
+
+    if tactic.fused_act_quant:
+        raise ValueError(f"--chain needs a tactic with the separate quantizer, not {tactic}")
+    sets = cold_input_sets(m, n, k, n_cold_sets(m, n, k))
+    ws = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
+    config = tactic.to_config("sm_90a", hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4",
+                              positions_dtype="int64" if sets[0]["positions"].dtype == torch.int64 else "int32")
+    kernel = jit.compile_fused(config, n, k, sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    # each set's activation quantized once, and its outputs, allocated before the capture
+    acts = [dispatch.run_act_quant(x["qr"]) for x in sets]
+    outs = [empty_outputs(m, n // 128, "mxfp4", x["qr"].device) for x in sets]
+
+    def gemm_only(i):
+        j = i % len(sets)
+        x, w, (a_fp8, a_scale), (q, q_scale) = sets[j], ws[j], acts[j], outs[j]
+        kernel(a_fp8, a_scale, w.weight, w.weight_scale, x["positions"], x["cos_sin"],
+               q.view(torch.uint8).view(m, -1).view(torch.int32), q_scale.view(torch.int32))
+
+    def full(i):
+        j = i % len(sets)
+        x = sets[j]
+        return dispatch.run_fused(x["qr"], ws[j], x["positions"], x["cos_sin"], hadamard=True,
+                                  fp4_rounding="floor-ties", out_format="mxfp4", tactic=tactic,
+                                  verified_only=False)
+
+    calls = {"act_quant": lambda i: dispatch.run_act_quant(sets[i % len(sets)]["qr"]),
+             "gemm_only": gemm_only, "full": full}
+    us = time_graphs(calls, len(sets), replays=21)
+    return {"M": m, "N": n, "K": k, "tactic": tactic.as_dict(), **{f"{a}_us": b for a, b in us.items()},
+            "chain_cost_us": us["full"] - us["gemm_only"]}
+
+
 def main(argv=None):
     from indexer_q.tactics import heuristic
 
@@ -80,6 +125,8 @@ def main(argv=None):
     ap.add_argument("--m", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--tactic", default="", help="fields over the heuristic's tactic, e.g. split_k=1")
+    ap.add_argument("--chain", action="store_true", help="the separate quantizer's cost (module doc)")
+    ap.add_argument("--tables", action="store_true", help="the packaged tables' tactics")
     ap.add_argument("--out", default=None, help="JSON lines file")
     args = ap.parse_args(argv)
     bw = measure_copy_bandwidth()
@@ -87,10 +134,16 @@ def main(argv=None):
     for shape in args.shapes:
         n, k = SHAPES[shape]
         for m in args.m:
-            tactic = heuristic("sm_90a", m, n, k)
+            if args.tables:
+                from indexer_q import dispatch
+
+                tactic = dispatch.choose_tactic("sm_90a", torch.device("cuda"), m, n, k)
+            else:
+                tactic = heuristic("sm_90a", m, n, k)
             if args.tactic:
                 tactic = dataclasses.replace(tactic, **parse_fields(args.tactic))
-            row = {"shape": shape, "copy_TBps": bw / 1e12} | measure(m, n, k, tactic, bw)
+            parts = measure_chain(m, n, k, tactic) if args.chain else measure(m, n, k, tactic, bw)
+            row = {"shape": shape, "copy_TBps": bw / 1e12} | parts
             rows.append(row)
             print(json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
     if args.out:
