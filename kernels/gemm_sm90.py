@@ -452,7 +452,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             # once every load is issued, the next call's activation quantizer may spread over
             # the SMs the idle CTAs left and wait there for our completion, so its launch is off
             # the critical path (-1 us at V4-Pro M = 384). On a fuller last round its CTAs would
-            # crowd the few SMs freed first (+0.3-0.5 us at M = 256 and 1024; NOTES version 74).
+            # crowd the few SMs freed first (+0.3-0.6 us at M = 256 and 1024; NOTES version 74).
             # One thread's trigger counts for the CTA.
             clusters = sched.num_persistent_clusters
             last_round = cute.size(sched.params.problem_layout_ncluster_mnl) % clusters
