@@ -122,7 +122,6 @@ def test_merge_tables(tmp_path):
     """Per-(model, TP) tables merge into one per GPU; clashing metadata or shapes refuse."""
     import json
 
-
     from indexer_q import table
     from indexer_q.tactics import Tactic
     from tuning.tune import merge
@@ -192,7 +191,6 @@ def test_restamp_refuses_tables_not_tuned_with_the_baseline(tmp_path):
 
     if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "HEAD"], cwd=restamp.ROOT,
                                                       capture_output=True).returncode:
-
         pytest.skip("needs the git checkout")
     src = next(Path(tune.__file__).parent.joinpath("tables").glob("NVIDIA_H200_*.json"))
     table = json.loads(src.read_text())

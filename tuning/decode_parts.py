@@ -118,6 +118,7 @@ def measure_chain(m: int, n: int, k: int, tactic) -> dict:
 
 
 def main(argv=None):
+    from indexer_q import dispatch
     from indexer_q.tactics import heuristic
 
     ap = argparse.ArgumentParser(prog="python -m tuning.decode_parts", description=__doc__,
@@ -135,8 +136,6 @@ def main(argv=None):
         n, k = SHAPES[shape]
         for m in args.m:
             if args.tables:
-                from indexer_q import dispatch
-
                 tactic = dispatch.choose_tactic("sm_90a", torch.device("cuda"), m, n, k)
             else:
                 tactic = heuristic("sm_90a", m, n, k)
