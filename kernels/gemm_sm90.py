@@ -63,10 +63,9 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         if config.uses_tensor_core_hadamard and config.epilogue_warpgroups != 1:
             out.append("tensor_core_hadamard needs epilogue_warpgroups=1 (its 64x128 accumulator "
                        "does not fit two epilogue warpgroups' registers)")
-        if config.pipelined_promotion and (config.mma_per_promotion != 4 or (
-                config.tile_m == 128 and (config.epilogue_warpgroups != 1 or config.uses_tensor_core_hadamard))):
-            out.append("pipelined_promotion needs mma_per_promotion=4, and with tile_m=128 one butterfly "
-                       "epilogue warpgroup (two consumers' second partials take the registers of the rest)")
+        if config.pipelined_promotion and (config.tile_m != 64 or config.mma_per_promotion != 4):
+            out.append("pipelined_promotion needs tile_m=64 and mma_per_promotion=4 (two partial "
+                       "accumulators fit only in one consumer warpgroup's registers)")
         return out
 
     @staticmethod
@@ -98,9 +97,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         # copy, M = 16384 took 606 us instead of 560.
         self.skip_rows_past_m = config.tile_m == 64
         self.tc_hadamard = config.uses_tensor_core_hadamard
-        # Two pipelined consumers leave one epilogue warpgroup 72 registers: 8 lanes a row.
-        pipelined_pair = config.pipelined_promotion and self.num_consumers == 2
-        self._setup_roles(EPI_LANES_PER_ROW[2 if pipelined_pair else self.epi_wgs])
+        self._setup_roles(EPI_LANES_PER_ROW[self.epi_wgs])
         # The CTA's last tile (its only one where M <= ~16K / heads): the consumers, idle once
         # they have handed it over, finish its second half. 128-row tiles of one CTA, the
         # butterfly epilogue.

@@ -208,12 +208,9 @@ class Sm90KernelBase(FusedIndexerQGemmBase):
         pool = launch * self.threads
         # The tensor-core Hadamard keeps a 64-value accumulator and 32 words of A operand
         # live in the epilogue: it takes the producer's spare registers.
-        pipelined_pair = self.num_consumers == 2 and self.config.pipelined_promotion
-        self.producer_regs = 40 if self.epi_wgs == 1 and not (self.tc_hadamard or pipelined_pair) else 24
+        self.producer_regs = 40 if self.epi_wgs == 1 and not self.tc_hadamard else 24
         if self.num_consumers == 1:
             self.consumer_regs = 232
-        elif pipelined_pair:  # three accumulators of 64 a thread
-            self.consumer_regs = 208
         else:  # two accumulators of 64 a thread, plus addressing
             self.consumer_regs = 168 if self.epi_wgs == 1 else 160  # 152 spills
         rest = pool - WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs)
