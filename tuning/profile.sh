@@ -5,14 +5,20 @@
 # NCU_WARP_SAMPLING=0 samples every 32 cycles (ncu's --warp-sampling-interval): a short
 # decode launch gives few stall samples at the default.
 #   e.g. NCU_WARP_SAMPLING=0 bash tuning/profile.sh $OUT 256 8192 1536 tile_m=128,epilogue=False
+# PEER=deepgemm profiles DeepGEMM's GEMM at the same shape instead (its second launch: the
+# first JIT-compiles), for a cycle-for-cycle comparison.
 set -uo pipefail
 out=${1:-/tmp/indexer_q_prof}; m=${2:-16384}; n=${3:-8192}; k=${4:-1536}; spec=${5:-}
 mkdir -p "$out"
 sampling=(); [ -n "${NCU_WARP_SAMPLING:-}" ] && sampling=(--warp-sampling-interval "$NCU_WARP_SAMPLING")
-ncu --kernel-name regex:Sm90.*Fused --launch-count 1 "${sampling[@]}" \
-  --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+target=(--kernel-name regex:Sm90.*Fused --launch-count 1); cmd=(python3 -m tuning.smoke "$m" "$n" "$k" $spec)
+if [ "${PEER:-}" = deepgemm ]; then
+  target=(--kernel-name regex:fp8_gemm --launch-skip 1 --launch-count 1); cmd=(python3 -m tuning.peers.deepgemm "$m" "$n" "$k")
+fi
+ncu "${target[@]}" "${sampling[@]}" \
+  --section SpeedOfLight --section WarpStateStats --section SourceCounters --section ComputeWorkloadAnalysis \
   --section LaunchStats --section Occupancy --section InstructionStats --section MemoryWorkloadAnalysis \
-  -f -o "$out/prof" python3 -m tuning.smoke "$m" "$n" "$k" $spec > "$out/ncu.log" 2>&1
+  -f -o "$out/prof" "${cmd[@]}" > "$out/ncu.log" 2>&1
 ncu -i "$out/prof.ncu-rep" --page details --csv > "$out/details.csv" 2>&1
 ncu -i "$out/prof.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv" 2>&1
 tail -2 "$out/ncu.log"; wc -l "$out"/*.csv

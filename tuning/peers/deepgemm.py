@@ -126,3 +126,27 @@ def run_gemm_pdl(args, pdl: bool):
         return run_gemm(args)
     finally:
         set_pdl(False)
+
+
+def main(argv=None) -> None:
+    """`python -m tuning.peers.deepgemm M N K [CALLS]`: DeepGEMM's GEMM on random
+    operands (quantized by our quantizer), CALLS times (default 2: the first JIT-compiles),
+    synchronously; for Nsight Compute beside our kernel (tuning/profile.sh PEER=deepgemm)."""
+    import sys
+
+    import indexer_q
+    from indexer_q.testing import make_inputs
+
+    argv = sys.argv[1:] if argv is None else argv
+    m, n, k = (int(v) for v in argv[:3])
+    calls = int(argv[3]) if len(argv) > 3 else 2
+    x = make_inputs(m, n, k, seed=0, device="cuda")
+    c = gemm_args(x, *indexer_q.quantize_act_fp8(x["qr"]))
+    for _ in range(calls):
+        run_gemm(c)
+    torch.cuda.synchronize()
+    print(f"ok deepgemm M={m} N={n} K={k} x{calls}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
