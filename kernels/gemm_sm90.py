@@ -470,8 +470,12 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         epi_args: (positions, cos_sin, out_q, out_scale), for the last tile's helpers."""
         bm, bn, bk = self.tile_shape_mnk
         thr_mma = tiled_mma.get_slice(ctidx)
-        tCsA = thr_mma.partition_A(sA)
-        tCsB = thr_mma.partition_B(sB)
+        # A warpgroup's shared-memory descriptors depend only on which consumer it is: sliced
+        # by that warp-uniform index they are built in uniform registers (by this thread's
+        # index, each WGMMA waited on two R2UR moves).
+        wg_mma = tiled_mma.get_slice(consumer_idx * WARPGROUP)
+        tCsA = wg_mma.partition_A(sA)
+        tCsB = wg_mma.partition_B(sB)
         tCrA = tiled_mma.make_fragment_A(tCsA)
         tCrB = tiled_mma.make_fragment_B(tCsB)
         acc_shape = thr_mma.partition_shape_C((bm, bn))
@@ -516,7 +520,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
                 sa0 = a_scale[srow0, k_begin]
                 sa1 = a_scale[srow1, k_begin]
                 sw = w_scale[head, k_begin]
-                for kt in range(k_begin, k_end):
+                for kt in cutlass.range(k_begin, k_end, unroll_full=self.split_k == 1):
                     s0 = sa0 * sw
                     s1 = sa1 * sw
                     nxt = cutlass.min(kt + 1, k_end - 1)
