@@ -212,11 +212,6 @@ def load_f32(ptr) -> Float32:
                                 read_only_args=[ptr])
 
 
-def prefetch_l1(ptr) -> None:
-    """Bring the 128-byte global line holding `ptr` into L1 (and L2) without a register."""
-    cute.arch.inline_ptx("prefetch.global.L1 [{$r0}];", read_only_args=[ptr])
-
-
 def store_v4_if(ptr, words: list, pred) -> None:
     """Predicated 16-byte global store; `ptr` must be 16-byte aligned."""
     cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",

@@ -486,24 +486,18 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         mma_per_stage = cute.size(tCrA, mode=[2])
 
         m = a_scale.shape[0]
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work = sched.initial_work_tile_info()
         if cutlass.const_expr(self.config.pdl):
-            # The first tile's weight scales (not the quantizer's output) are requested before
-            # the wait, so their DRAM latency is off the first K block's path; the head's row
-            # may straddle two 128-byte lines.
-            if work.is_valid_tile:
-                head0 = work.tile_idx[1]
-                for kb in (k_begin, k_end - 1):
-                    epi.prefetch_l1(w_scale.iterator + cute.crd2idx((head0, kb), w_scale.layout))
             cute.arch.griddepcontrol_wait()  # the activation scales come from the quantizer
         lane = cute.arch.lane_idx()
         warp_in_wg = (ctidx // 32) % 4
         quad_lane = lane % 4
         # Row of this thread's first accumulator row inside the tile (the second is 8 below).
         row_in_tile = consumer_idx * ROWS_PER_CONSUMER + warp_in_wg * 16 + lane // 4
+
+        sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work = sched.initial_work_tile_info()
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, EPI_BUFFERS)
         tiles_done = Int32(0)
