@@ -516,7 +516,9 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
                 )
             else:
                 # Scales are loaded one K block ahead so their latency hides under the
-                # previous block's WGMMAs instead of stalling the promotion.
+                # previous block's WGMMAs instead of stalling the promotion. Unsplit, K is a
+                # compile-time constant: unrolled, the loads take immediate offsets and the
+                # loop control goes (with version 77's descriptors: mainloop -8 to -17%).
                 sa0 = a_scale[srow0, k_begin]
                 sa1 = a_scale[srow1, k_begin]
                 sw = w_scale[head, k_begin]
