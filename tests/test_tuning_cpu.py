@@ -200,3 +200,24 @@ def test_restamp_refuses_tables_not_tuned_with_the_baseline(tmp_path):
     before = path.read_text()
     assert restamp.main(["--baseline", "HEAD", str(path)]) == 1
     assert path.read_text() == before
+
+
+def test_ncu_sass_splits_the_k_loops_stall_samples(tmp_path):
+    """tuning.ncu_sass: the K loop is the instructions executed as often as the first
+    WGMMA, and its stall mix counts only theirs."""
+    from tuning import ncu_sass
+
+    cols = ["Address", "Source", ncu_sass.SAMPLES, "Instructions Executed", "stall_barrier", "stall_not_selected",
+            "stall_not_selected (Not Issued)"]
+    body = [["0x0", "MOV R1, R2", "10", "8", "0", "10", "10"],
+            ["0x1", "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR12], RZ", "6", "96", "2", "4", "4"],
+            ["0x2", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "30", "96", "30", "0", "0"]]
+    path = tmp_path / "p"
+    path.mkdir()
+    (path / "sass.csv").write_text("\n".join(",".join(f'"{v}"' for v in line)
+                                             for line in [["Kernel Name", "k"], cols, *body]) + "\n")
+    rows = ncu_sass.read(path / "sass.csv")
+    assert [r["Address"] for r in ncu_sass.k_loop(rows)] == ["0x1", "0x2"]
+    assert ncu_sass.stall_mix(ncu_sass.k_loop(rows)) == {"barrier": 32, "not_selected": 4}
+    assert ncu_sass.stall_mix(rows)["not_selected"] == 14  # the "(Not Issued)" copy is not counted twice
+    assert "K loop: 36 samples, 2 instructions a block" in ncu_sass.report(path, top=1)

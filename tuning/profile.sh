@@ -1,7 +1,8 @@
 #!/bin/bash
 # Nsight Compute profile of one fused-kernel launch, with per-SASS-instruction stall
 # samples: bash tuning/profile.sh OUT_DIR [M N K [field=value,...]]
-# Writes OUT_DIR/prof.ncu-rep, details.csv (sections) and sass.csv (source page).
+# Writes OUT_DIR/prof.ncu-rep, details.csv (sections) and sass.csv (source page); summarize
+# the stall samples with `python -m tuning.ncu_sass OUT_DIR` (the K loop's apart).
 # NCU_WARP_SAMPLING=0 samples every 32 cycles (ncu's --warp-sampling-interval): a short
 # decode launch gives few stall samples at the default.
 #   e.g. NCU_WARP_SAMPLING=0 bash tuning/profile.sh $OUT 256 8192 1536 tile_m=128,epilogue=False
