@@ -220,4 +220,4 @@ def test_ncu_sass_splits_the_k_loops_stall_samples(tmp_path):
     assert [r["Address"] for r in ncu_sass.k_loop(rows)] == ["0x1", "0x2"]
     assert ncu_sass.stall_mix(ncu_sass.k_loop(rows)) == {"barrier": 32, "not_selected": 4}
     assert ncu_sass.stall_mix(rows)["not_selected"] == 14  # the "(Not Issued)" copy is not counted twice
-    assert "K loop: 36 samples, 2 instructions a block" in ncu_sass.report(path, top=1)
+    assert "K loop: 36 samples, 2 instructions;" in ncu_sass.report(path, top=1)

@@ -1,7 +1,8 @@
 """Stall reasons from Nsight Compute's source page (`sass.csv` of tuning/profile.sh):
 `python -m tuning.ncu_sass DIR [DIR ...] [--top N]`. For each profile: the warp-state
 samples by stall reason over the whole kernel and over its K loop (the instructions executed
-as often as the first WGMMA, i.e. once per K block), then the N instructions with the most
+as often as the first WGMMA: once per K block, or once per tile where the loop is unrolled),
+then the N instructions with the most
 samples. The K loop's `not_selected` share is the measure of the epilogue warps taking the
 MMA warps' issue slots (fifteenth session: 5.7% in the probe, 21.6% with the epilogue)."""
 from __future__ import annotations
@@ -56,7 +57,7 @@ def report(directory: Path, top: int) -> str:
     loop = k_loop(rows)
     lines = [f"{directory}: {sum(_int(r, SAMPLES) for r in rows)} samples, {len(rows)} instructions",
              f"  all:    {shares(stall_mix(rows))}",
-             f"  K loop: {sum(_int(r, SAMPLES) for r in loop)} samples, {len(loop)} instructions a block; "
+             f"  K loop: {sum(_int(r, SAMPLES) for r in loop)} samples, {len(loop)} instructions; "
              f"{shares(stall_mix(loop))}"]
     for row in sorted(rows, key=lambda r: -_int(r, SAMPLES))[:top]:
         lines.append(f"  {_int(row, SAMPLES):7d} x{_int(row, 'Instructions Executed'):<9d} {row['Source'].strip()[:72]}")
