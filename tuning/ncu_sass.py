@@ -1,9 +1,9 @@
 """Stall reasons from Nsight Compute's source page (`sass.csv` of tuning/profile.sh):
 `python -m tuning.ncu_sass DIR [DIR ...] [--top N]`. For each profile: the warp-state
 samples by stall reason over the whole kernel and over its K loop (the instructions executed
-as often as the first WGMMA: once per K block, or once per tile where the loop is unrolled),
-then the N instructions with the most
-samples. The K loop's `not_selected` share is the measure of the epilogue warps taking the
+as often as the first WGMMA: once per K block, or, where the loop is unrolled, once per
+tile, with the tile's other per-tile code), then the N instructions with the most samples.
+The K loop's `not_selected` share is the measure of the epilogue warps taking the
 MMA warps' issue slots (fifteenth session: 5.7% in the probe, 21.6% with the epilogue)."""
 from __future__ import annotations
 
