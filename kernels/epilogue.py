@@ -22,7 +22,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .numerics import (  # noqa: F401  (re-exported for the kernels)
     AMAX_FLOOR, FP4_MAX, FP8_MAX, HADAMARD_SCALE, HEAD_DIM, MXFP4_BLOCK, OUT_BF16, OUT_FORMATS, OUT_FP8,
-    OUT_FP8_UNSCALED, OUT_MXFP4, ROPE_DIMS,
+    OUT_FP8_UNSCALED, OUT_GEMM_BF16, OUT_MXFP4, ROPE_DIMS,
 )
 
 
@@ -557,7 +557,12 @@ def store_row(layout: HeadRowLayout, out_format_id: int, row, m, head, lane_in_r
 def head_row_epilogue(vals: list, layout: HeadRowLayout, lane_in_row, cos_sin_vals, config, row, m,
                       head, out_q, out_scale) -> None:
     """SPEC steps 3-6 on one head row of bf16-valued fp32 `vals` and its stores: what
-    every arch's kernel runs once it holds a row (`config`: a kernels.gemm_base.GemmConfig)."""
+    every arch's kernel runs once it holds a row (`config`: a kernels.gemm_base.GemmConfig).
+    out_format "gemm-bf16" stores the row as it is (the two-kernel tactic's GEMM; cos_sin_vals
+    None)."""
+    if config.out_format_id == OUT_GEMM_BF16:
+        quantize_store_row(vals, layout, lane_in_row, config, row, m, head, out_q, out_scale)
+        return
     vals = rope_row(vals, layout, cos_sin_vals[0], cos_sin_vals[1])
     if config.hadamard:
         vals = hadamard_row(vals, layout, lane_in_row)
@@ -569,12 +574,14 @@ def quantize_store_row(vals: list, layout: HeadRowLayout, lane_in_row, config, r
     """SPEC steps 5-6 on one head row of bf16-valued fp32 `vals` (after RoPE and the
     optional Hadamard) and its stores ("bf16": the row itself, no quantization)."""
     lane_cols = layout.column_lane_bits(lane_in_row)
-    if config.out_format_id == OUT_MXFP4:
+    # the GEMM's own output is stored as bf16 is
+    out_format_id = OUT_BF16 if config.out_format_id == OUT_GEMM_BF16 else config.out_format_id
+    if out_format_id == OUT_MXFP4:
         packed, scale_word = mxfp4_row(vals, layout, lane_in_row, config.rne)
-    elif config.out_format_id == OUT_BF16:
+    elif out_format_id == OUT_BF16:
         packed, scale_word = bf16_row(vals), Int32(0)  # no scale
     else:
-        packed, e = fp8_row(vals, layout, config.out_format_id == OUT_FP8)
+        packed, e = fp8_row(vals, layout, out_format_id == OUT_FP8)
         scale_word = (e + 127) << 23  # fp32 bits of 2^e
-    store_row(layout, config.out_format_id, row, m, head, lane_in_row, lane_cols, packed, scale_word,
+    store_row(layout, out_format_id, row, m, head, lane_in_row, lane_cols, packed, scale_word,
               out_q, out_scale, vector)

@@ -72,7 +72,7 @@ class Sm90EpilogueRoles:
             rows = [self._epi_row0(tile) + p * self.rows_per_pass + row_in_pass for p in range(passes)]
             # Everything below is one basic block (stores are predicated), and the cos/sin
             # rows are requested before the tile is ready, so their latency overlaps the wait.
-            cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
+            cs = [self._cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
                   for p in range(min(ahead, passes) if self.config.epilogue else 0)]
             epi_pipeline.consumer_wait(epi_state)
             # The profiling probe (epilogue=False) only takes the tile and gives the buffer back.
@@ -132,7 +132,7 @@ class Sm90EpilogueRoles:
         local = [self.tile_rows - self.helper_rows + p * rows_per_pass + row_in_pass for p in range(passes)]
         rows = [tile_row0 + r for r in local]
         num_pos = cos_sin.shape[0]
-        cs = [epi.load_cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
+        cs = [self._cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
               for p in range(min(2, passes))]
         # every consumer's bf16 rows are in the buffer
         cute.arch.barrier(barrier_id=BAR_LAST_TILE_HANDED, number_of_threads=consumer_threads)
@@ -261,7 +261,7 @@ class Sm90EpilogueRoles:
         passes = len(rows)
         for p in cutlass.range_constexpr(pass_range.start, pass_range.stop):
             if cutlass.const_expr(p + ahead < passes):
-                cs.append(epi.load_cos_sin(layout, rows[p + ahead], m, num_pos, positions, cos_sin, lane_cols))
+                cs.append(self._cos_sin(layout, rows[p + ahead], m, num_pos, positions, cos_sin, lane_cols))
             r = local[p]
             if cutlass.const_expr(warp_row0 is None):
                 vals = self._load_row(sQ, buf, r, layout, lane_cols)
@@ -272,6 +272,13 @@ class Sm90EpilogueRoles:
                     vals = self._load_row(sQ, buf, r, layout, lane_cols)
                     epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
                                           out_q, out_scale)
+
+    def _cos_sin(self, layout, row, m, num_pos, positions, cos_sin, lane_cols):
+        """Row `row`'s cos/sin for this thread's RoPE pairs; None where the kernel stores the
+        GEMM's own output (out_format "gemm-bf16": no RoPE, nothing to load)."""
+        if self.config.out_format_id == epi.OUT_GEMM_BF16:
+            return None
+        return epi.load_cos_sin(layout, row, m, num_pos, positions, cos_sin, lane_cols)
 
     def _load_row(self, sQ, buf, r, layout, lane_cols):
         """The thread's 32 bf16 values of row r (local order), as exact fp32."""

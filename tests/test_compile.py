@@ -314,3 +314,48 @@ def test_bf16_format_compiles(case, tmp_path):
     if shutil.which("ptxas"):
         rep = _ptxas_report(ck, cfg.arch)
         assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
+
+
+@pytest.mark.parametrize("epilogue_warpgroups", [1, 2])
+def test_gemm_only_format_stores_y_and_nothing_else(epilogue_warpgroups, tmp_path):
+    """out_format "gemm-bf16" (the two-kernel tactic's GEMM): the tile's bf16 rows go out
+    as they came in: no cos/sin loads (16-byte read-only loads), no shuffles of the
+    Hadamard or the amax, no e4m3 conversion, no scale."""
+    cfg = GemmConfig(out_format="gemm-bf16", epilogue_warpgroups=epilogue_warpgroups)
+    ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
+    ptx = _ptx(ck)
+    assert WGMMA_E4M3 in ptx
+    assert "ld.global.nc.v4.f32" not in ptx
+    assert "shfl.sync.bfly" not in ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" not in ptx
+    assert "cvt.rn.bf16x2.f32" in ptx
+    assert GemmConfig(out_format="gemm-bf16", hadamard=True).problems(8192, 1536)
+    assert GemmConfig(arch="sm_100a", out_format="gemm-bf16").problems(8192, 1536)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("out_format,hadamard,lanes", [("mxfp4", True, 4), ("mxfp4", False, 8), ("fp8", True, 4),
+                                                       ("bf16", True, 8)])
+def test_row_epilogue_compiles(arch, out_format, hadamard, lanes, tmp_path):
+    """The two-kernel tactic's second launch: 16-byte loads of y, the Hadamard's butterfly
+    where asked, the format's conversion, no spills; arch-neutral code."""
+    cfg = GemmConfig(arch=arch, out_format=out_format, hadamard=hadamard)
+    ck = jit.compile_row_epilogue(cfg, 8192, lanes_per_row=lanes, keep_dir=str(tmp_path))
+    ptx = _ptx(ck)
+    assert f".target {arch}" in ptx
+    assert "ld.global.nc.v4.f32" in ptx
+    assert "griddepcontrol.wait" in ptx
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == (out_format == "fp8")
+    assert ("shfl.sync.bfly" in ptx)  # the amax (and the Hadamard's butterfly where asked)
+    if shutil.which("ptxas"):
+        rep = _ptxas_report(ck, arch)
+        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep
+
+
+def test_row_epilogue_rejects_its_input_format():
+    from indexer_q.kernels.row_epilogue import RowEpilogue
+
+    with pytest.raises(ValueError, match="gemm-bf16"):
+        RowEpilogue(GemmConfig(out_format="gemm-bf16"), 8192)
+    with pytest.raises(ValueError, match="lanes_per_row"):
+        RowEpilogue(GemmConfig(), 8192, lanes_per_row=2)

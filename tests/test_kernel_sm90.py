@@ -43,6 +43,7 @@ def _every_tactic_set(t, n, k, out_format):
     from indexer_q.tactics import Tactic, valid_tactics
 
     extra = {Tactic(tile_m=tm, epilogue_warpgroups=2, cluster_m=cm) for tm in (64, 128) for cm in (1, 2)}
+    extra |= {Tactic(tile_m=tm, epilogue_warpgroups=ewg, separate_epilogue=True) for tm, ewg in ((64, 2), (128, 1))}
     tc = {Tactic(tile_m=tm, tensor_core_hadamard=True) for tm in (64, 128)}
     if out_format == "mxfp4":  # every candidate the tuner times, and the knobs on their own
         return set(valid_tactics("sm_90a", t, n, k)) | extra | tc | {Tactic(tile_m=64, pdl=False)}
@@ -74,6 +75,8 @@ def _precompiled():
         tc = Tactic(tile_m=64 if t <= 128 else 128, tensor_core_hadamard=True)
         jobs += [job(tc, n, k, True, rnd, "mxfp4") for rnd in ("floor-ties", "rne")]
         jobs += [job(tc, n, k, True, "floor-ties", fmt) for fmt in ("fp8", "fp8-unscaled")]
+    for (t, n, k), (had, rnd, fmt) in itertools.product(SEPARATE_CASES, SEPARATE_NUMERICS):
+        jobs += [job(tac, n, k, had, rnd, fmt, pos) for tac in (FUSED_E2, SEPARATE_E2) for pos in ("int64", "int32")]
     for t, n in TACTIC_CASES:
         for fmt in ("mxfp4", "fp8"):
             base = Tactic(tile_m=128, pdl=False)
@@ -420,3 +423,44 @@ def test_every_tactic_writes_the_same_bytes(t, n, out_format, big_cos_sin):
         else:  # another fp32 summation order: near-agreement of bytes and scales
             assert (q.view(torch.uint8) == bq.view(torch.uint8)).double().mean().item() >= 0.99, tag
             assert (s == bs).double().mean().item() >= 0.99, f"{tag}: scales"
+
+
+SEPARATE_CASES = ((1, 8192, 1536), (7, 1024, 1024), (130, 8192, 1024), (1000, 1024, 1536), (1000, 8192, 1536))
+SEPARATE_NUMERICS = [(h, r, "mxfp4") for h in (False, True) for r in ("floor-ties", "rne")] + [
+    (h, "floor-ties", f) for h in (False, True) for f in ("fp8", "fp8-unscaled", "bf16")]
+
+
+def _tactic(**fields):
+    from indexer_q.tactics import Tactic
+
+    return Tactic(**fields)
+
+
+FUSED_E2 = _tactic(tile_m=128, epilogue_warpgroups=2)
+SEPARATE_E2 = _tactic(tile_m=128, epilogue_warpgroups=2, separate_epilogue=True)
+
+
+@pytest.mark.parametrize("t,n,k", SEPARATE_CASES)
+@pytest.mark.parametrize("positions_dtype", (torch.int64, torch.int32))
+def test_separate_epilogue_writes_the_fused_bytes(t, n, k, positions_dtype, big_cos_sin):
+    """The two-kernel tactic (the GEMM stores its bf16 y; kernels/row_epilogue.py runs steps
+    3-6 over it) runs the fused epilogue's code on the same bf16 rows: its bytes are the
+    fused kernel's, for every format, both roundings, the Hadamard on and off, positions of
+    either dtype with some outside the table (identity rotation). Both run twice into
+    poisoned outputs (_run_twice), so an unwritten byte shows."""
+    _needs_sm90()
+    from indexer_q import prepare_weights
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    x = _inputs(t, n, k, seed, big_cos_sin, positions_dtype)
+    x["positions"][0::5] = -1
+    x["positions"][2::7] = big_cos_sin.shape[0] + 3
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    for hadamard, rounding, out_format in SEPARATE_NUMERICS:
+        opts = dict(hadamard=hadamard, fp4_rounding=rounding, out_format=out_format)
+        want_q, want_s = _run_twice(x, weights, tactic=FUSED_E2, **opts)
+        got_q, got_s = _run_twice(x, weights, tactic=SEPARATE_E2, **opts)
+        tag = f"M={t} N={n} K={k} {opts} positions {positions_dtype} seed={seed}"
+        assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8)), f"{tag}: bytes"
+        if want_s is not None:
+            assert torch.equal(got_s.view(torch.int32), want_s.view(torch.int32)), f"{tag}: scales"

@@ -214,3 +214,25 @@ def test_swap_ab_shared_quantizer_limits_are_stated(fields, n, k, why):
     problems = kernel_class("sm_90a", "swap_ab").problems(cfg, n, k)
     assert any(why in p for p in problems), problems
     assert not can_run("sm_90a", t, n, k)
+
+
+def test_separate_epilogue_tactic():
+    """The two-kernel tactic: its GEMM's key drops the numerics (one GEMM for every format),
+    the second kernel's holds them; native kind only; offered from SEPARATE_EPILOGUE_MIN_M."""
+    from indexer_q.tactics import SEPARATE_EPILOGUE_MIN_M, Tactic, valid_tactics
+
+    t = Tactic(tile_m=128, epilogue_warpgroups=2, separate_epilogue=True)
+    num = dict(hadamard=True, fp4_rounding="rne", out_format="fp8", positions_dtype="int32")
+    gemm = t.to_config("sm_90a", **num)
+    assert (gemm.out_format, gemm.hadamard, gemm.fp4_rounding, gemm.positions_dtype) == (
+        "gemm-bf16", False, "floor-ties", "int32")
+    assert gemm == Tactic(tile_m=128, epilogue_warpgroups=2, separate_epilogue=True).to_config(
+        "sm_90a", **(num | dict(hadamard=False, out_format="mxfp4")))
+    epi = t.epilogue_config("sm_90a", **num)
+    assert (epi.out_format, epi.hadamard, epi.fp4_rounding, epi.positions_dtype) == ("fp8", True, "rne", "int32")
+    assert Tactic(kind="swap_ab", tile_m=16, separate_epilogue=True).problems(8192)
+    assert Tactic(tensor_core_hadamard=True, separate_epilogue=True).problems(8192)
+    assert not t.problems(8192)
+    assert t in valid_tactics("sm_90a", SEPARATE_EPILOGUE_MIN_M, 8192, 1536)
+    assert not any(c.separate_epilogue for c in valid_tactics("sm_90a", SEPARATE_EPILOGUE_MIN_M - 1, 8192, 1536))
+    assert not any(c.separate_epilogue for c in valid_tactics("sm_100a", 4096, 8192, 1536))

@@ -120,11 +120,15 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
     tactic = choose_tactic(arch, qr.device, t, n, k, tactic)
     sms = _sm_count(qr.device)  # the persistent grid's size: part of the compile key
     key = (arch, tactic, hadamard, fp4_rounding, out_format, positions.dtype, n, k, sms)
-    kernel = _FUSED.get(key)
-    if kernel is None:  # first call of this combination: build the compile key
-        config = tactic.to_config(arch, hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
-                                  positions_dtype="int64" if positions.dtype == torch.int64 else "int32")
-        kernel = _FUSED.setdefault(key, jit.compile_fused(config, n, k, sms=sms))
+    kernels = _FUSED.get(key)
+    if kernels is None:  # first call of this combination: build the compile keys
+        numerics = dict(hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
+                        positions_dtype="int64" if positions.dtype == torch.int64 else "int32")
+        kernels = (jit.compile_fused(tactic.to_config(arch, **numerics), n, k, sms=sms),
+                   jit.compile_row_epilogue(tactic.epilogue_config(arch, **numerics), n)
+                   if tactic.separate_epilogue else None)
+        kernels = _FUSED.setdefault(key, kernels)
+    kernel, row_epilogue = kernels
     if tactic.fused_act_quant:  # the kernel quantizes qr itself: one launch
         operands = (qr, weights.weight, weights.weight_scale)
     elif arch == "sm_100a":  # the quantizer writes the GEMM's scale-factor layout itself
@@ -143,7 +147,12 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
         scale_words = q_scale.view(torch.int32)
     else:
         scale_words = torch.empty(1, 1, dtype=torch.int32, device=dev)
-    kernel(*operands, positions, cos_sin, q_words, scale_words)
+    if row_epilogue is None:
+        kernel(*operands, positions, cos_sin, q_words, scale_words)
+    else:  # the two-kernel tactic: the GEMM's bf16 output, then steps 3-6 over it
+        y_words = torch.empty(t, n // 2, dtype=torch.int32, device=dev)
+        kernel(*operands, positions, cos_sin, y_words, scale_words)
+        row_epilogue(y_words, positions, cos_sin, q_words, scale_words)
     return q, q_scale
 
 
@@ -254,6 +263,12 @@ def compile_for_arch(arch: str, out_dir=None) -> list[dict]:
             ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=_sub(out_dir, f"fused_{name}"))
             check, needle = cls.ptx_signature
             record(f"fused_{name}", ck, {check: _ptx_has(ck, needle.format(tile=cfg.tile_m))})
+        # the two-kernel tactic's second launch: arch-neutral code, the Hadamard's butterfly
+        from indexer_q.kernels.gemm_base import GemmConfig
+
+        ck = jit.compile_row_epilogue(GemmConfig(arch=arch, hadamard=True), 8192,
+                                      keep_dir=_sub(out_dir, "row_epilogue"))
+        record("row_epilogue", ck, {"shfl.sync.bfly": _ptx_has(ck, "shfl.sync.bfly")})
     return records
 
 

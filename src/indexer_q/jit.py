@@ -256,6 +256,43 @@ def compile_fused(config, n: int, k: int, *, sms: int | None = None, keep_dir: s
     return _cached(("fused_indexer_q", config.arch, config, n, k, sms), keep_dir, build)
 
 
+def compile_row_epilogue(config, n: int, *, lanes_per_row: int = 4, units_per_group: int = 2,
+                         keep_dir: str | None = None) -> CompiledKernel:
+    """The two-kernel tactic's second launch (kernels/row_epilogue.py): SPEC steps 3-6 over
+    the GEMM's bf16 output, for `config`'s numerics (GemmConfig: hadamard, fp4_rounding,
+    out_format, positions_dtype, pdl; its other fields are ignored) and N; M and P symbolic."""
+    from indexer_q.kernels.gemm_base import GemmConfig
+    from indexer_q.kernels.numerics import HEAD_DIM, Q_BYTES_PER_HEAD
+
+    config = GemmConfig(arch=config.arch, hadamard=config.hadamard, fp4_rounding=config.fp4_rounding,
+                        out_format=config.out_format, positions_dtype=config.positions_dtype, pdl=config.pdl)
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+        from indexer_q.kernels.row_epilogue import RowEpilogue
+
+        kernel = RowEpilogue(config, n, lanes_per_row, units_per_group)
+        m, p = cute.sym_int(), cute.sym_int()
+        rowmaj = (1, 0)
+        pos_dtype = cutlass.Int64 if config.positions_dtype == "int64" else cutlass.Int32
+        args = [
+            make_fake_compact_tensor(cutlass.Int32, (m, n // 2), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(pos_dtype, (m,), assumed_align=8),
+            make_fake_compact_tensor(cutlass.Float32, (p, 64), stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Int32, (m, n // HEAD_DIM * Q_BYTES_PER_HEAD[config.out_format] // 4),
+                                     stride_order=rowmaj, assumed_align=16),
+            make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()), stride_order=rowmaj,
+                                     assumed_align=4),
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+        ]
+        return _compile("row_epilogue", config.arch, kernel, args, keep_dir)
+
+    return _cached(("row_epilogue", config.arch, config, n, lanes_per_row, units_per_group), keep_dir, build)
+
+
 def _compile_job(job):
     """A worker's compile into the disk cache; a failure is returned, not raised."""
     config, n, k, *sms = job  # (config, n, k) or (config, n, k, sms)

@@ -42,6 +42,10 @@ class Tactic:
     # False: a profiling probe that runs the mainloop only and writes nothing (it
     # measures the epilogue's cost); never among valid_tactics.
     epilogue: bool = True
+    # Two launches instead of one (native, sm_90a): the GEMM stores its bf16 output y and
+    # kernels/row_epilogue.py runs RoPE, the Hadamard and the quantization over it, with
+    # the SM to itself (large M: the fused epilogue takes the MMA warps' issue slots).
+    separate_epilogue: bool = False
 
     def __post_init__(self):
         from .validate import fail
@@ -54,7 +58,7 @@ class Tactic:
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
         for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl", "tensor_core_hadamard",
-                     "fused_act_quant"):
+                     "fused_act_quant", "separate_epilogue"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
@@ -73,6 +77,8 @@ class Tactic:
         if self.swizzle > 1 and self.raster_along_m and head_clusters % self.swizzle:
             return [f"swizzle={self.swizzle} along N needs the head clusters ({head_clusters}) "
                     "to be a multiple of it"]
+        if self.separate_epilogue and (self.kind != "native" or self.tensor_core_hadamard or not self.epilogue):
+            return ["separate_epilogue needs kind='native', the butterfly Hadamard and epilogue=True"]
         if (self.kind == "swap_ab" and (self.cluster_n > 1 or self.fused_act_quant) and self.swizzle > 1
                 and not self.raster_along_m):
             what = f"cluster_n={self.cluster_n}" if self.cluster_n > 1 else "fused_act_quant"
@@ -81,14 +87,27 @@ class Tactic:
 
     def to_config(self, arch: str, *, hadamard: bool, fp4_rounding: str, out_format: str,
                   positions_dtype: str):
-        """The kernel's compile key: this tactic plus the call's numerics."""
+        """The (first) kernel's compile key: this tactic plus the call's numerics. With
+        separate_epilogue, the GEMM's that stores y: no numerics but the positions dtype."""
         from indexer_q.kernels.gemm_base import GemmConfig
 
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del fields["separate_epilogue"]
         # without the Hadamard the knob changes no code: one compile key, not two
         fields["tensor_core_hadamard"] = self.tensor_core_hadamard and bool(hadamard)
+        if self.separate_epilogue:
+            return GemmConfig(arch=arch, out_format="gemm-bf16", positions_dtype=positions_dtype, **fields)
         return GemmConfig(arch=arch, hadamard=bool(hadamard), fp4_rounding=fp4_rounding,
                           out_format=out_format, positions_dtype=positions_dtype, **fields)
+
+    def epilogue_config(self, arch: str, *, hadamard: bool, fp4_rounding: str, out_format: str,
+                        positions_dtype: str):
+        """separate_epilogue: the second kernel's compile key (kernels/row_epilogue.py reads
+        the numerics fields of a GemmConfig)."""
+        from indexer_q.kernels.gemm_base import GemmConfig
+
+        return GemmConfig(arch=arch, hadamard=bool(hadamard), fp4_rounding=fp4_rounding, out_format=out_format,
+                          positions_dtype=positions_dtype, pdl=self.pdl)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -235,6 +254,8 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
     sms = sms or SM90_SMS
     out = [heuristic(arch, m, n, k, sms=sms)]
     cands = list(_candidates())
+    if m >= SEPARATE_EPILOGUE_MIN_M:
+        cands += [Tactic(tile_m=128, epilogue_warpgroups=ewg, separate_epilogue=True) for ewg in (1, 2)]
     if m <= SWAP_AB_MAX_M:
         cands += list(_swap_ab_candidates(m, n, k, sms))
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
@@ -244,6 +265,9 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
     return out
 
 
+# The two-kernel tactic is offered from here: below, a tile's epilogue is a round's tail
+# that a second launch (and the pass over y) cannot hide (issue 17 is about M >= 1024).
+SEPARATE_EPILOGUE_MIN_M = 512
 SM90_SMS = 132  # H100 / H200 SXM: the default where the caller does not give the GPU's count
 
 
