@@ -557,12 +557,7 @@ def store_row(layout: HeadRowLayout, out_format_id: int, row, m, head, lane_in_r
 def head_row_epilogue(vals: list, layout: HeadRowLayout, lane_in_row, cos_sin_vals, config, row, m,
                       head, out_q, out_scale) -> None:
     """SPEC steps 3-6 on one head row of bf16-valued fp32 `vals` and its stores: what
-    every arch's kernel runs once it holds a row (`config`: a kernels.gemm_base.GemmConfig).
-    out_format "gemm-bf16" stores the row as it is (the two-kernel tactic's GEMM; cos_sin_vals
-    None)."""
-    if config.out_format_id == OUT_GEMM_BF16:
-        quantize_store_row(vals, layout, lane_in_row, config, row, m, head, out_q, out_scale)
-        return
+    every arch's kernel runs once it holds a row (`config`: a kernels.gemm_base.GemmConfig)."""
     vals = rope_row(vals, layout, cos_sin_vals[0], cos_sin_vals[1])
     if config.hadamard:
         vals = hadamard_row(vals, layout, lane_in_row)
@@ -574,8 +569,7 @@ def quantize_store_row(vals: list, layout: HeadRowLayout, lane_in_row, config, r
     """SPEC steps 5-6 on one head row of bf16-valued fp32 `vals` (after RoPE and the
     optional Hadamard) and its stores ("bf16": the row itself, no quantization)."""
     lane_cols = layout.column_lane_bits(lane_in_row)
-    # the GEMM's own output is stored as bf16 is
-    out_format_id = OUT_BF16 if config.out_format_id == OUT_GEMM_BF16 else config.out_format_id
+    out_format_id = config.out_format_id
     if out_format_id == OUT_MXFP4:
         packed, scale_word = mxfp4_row(vals, layout, lane_in_row, config.rne)
     elif out_format_id == OUT_BF16:

@@ -264,14 +264,25 @@ class Sm90EpilogueRoles:
                 cs.append(self._cos_sin(layout, rows[p + ahead], m, num_pos, positions, cos_sin, lane_cols))
             r = local[p]
             if cutlass.const_expr(warp_row0 is None):
-                vals = self._load_row(sQ, buf, r, layout, lane_cols)
-                epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
-                                      out_q, out_scale)
+                self._finish_row(sQ, buf, r, layout, lane_in_row, lane_cols, cs[p], rows[p], m, head, out_q,
+                                 out_scale)
             else:
                 if warp_row0 + p * self.rows_per_pass < m:
-                    vals = self._load_row(sQ, buf, r, layout, lane_cols)
-                    epi.head_row_epilogue(vals, layout, lane_in_row, cs[p], self.config, rows[p], m, head,
-                                          out_q, out_scale)
+                    self._finish_row(sQ, buf, r, layout, lane_in_row, lane_cols, cs[p], rows[p], m, head, out_q,
+                                     out_scale)
+
+    def _finish_row(self, sQ, buf, r, layout, lane_in_row, lane_cols, cs, row, m, head, out_q, out_scale):
+        """Row r of buffer `buf` (token row `row`) through SPEC steps 3-6 and out; with
+        out_format "gemm-bf16" (the two-kernel tactic's GEMM) its bf16 words go out as they
+        are, 16 bytes a store: each lane's 8-column runs make whole 32-byte sectors."""
+        if cutlass.const_expr(self.config.out_format_id == epi.OUT_GEMM_BF16):
+            words = [sQ[buf, r, swizzled_word(r, (lane_cols + layout.column_static(local)) >> 1)]
+                     for local in range(0, layout.num_local, 2)]
+            epi.store_row(layout, epi.OUT_BF16, row, m, head, lane_in_row, lane_cols, words, Int32(0), out_q,
+                          None, vector=True)
+        else:
+            vals = self._load_row(sQ, buf, r, layout, lane_cols)
+            epi.head_row_epilogue(vals, layout, lane_in_row, cs, self.config, row, m, head, out_q, out_scale)
 
     def _cos_sin(self, layout, row, m, num_pos, positions, cos_sin, lane_cols):
         """Row `row`'s cos/sin for this thread's RoPE pairs; None where the kernel stores the

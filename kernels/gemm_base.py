@@ -95,8 +95,9 @@ class GemmConfig:
             out.append(f"pipelined_promotion needs an even number (>= 2) of 128-K blocks (K={k})")
         if self.split_k > k // SCALE_BLOCK_K:
             out.append(f"split_k={self.split_k} exceeds the {k // SCALE_BLOCK_K} K blocks of K={k}")
-        if self.out_format == "gemm-bf16" and (self.hadamard or self.arch != "sm_90a"):
-            out.append("out_format 'gemm-bf16' (the GEMM's own output) is the sm_90a kernels', without the Hadamard")
+        if self.out_format == "gemm-bf16" and (self.hadamard or self.arch != "sm_90a" or self.kind != "native"):
+            out.append("out_format 'gemm-bf16' (the GEMM's own output) is the sm_90a native kernel's, "
+                       "without the Hadamard")
         if self.positions_dtype not in ("int32", "int64"):
             out.append(f"positions dtype {self.positions_dtype!r}")
         return out
