@@ -2,7 +2,7 @@
 # After a kernel change, in one device call (~6 minutes on an H200): re-tune the four
 # (model, TP) tables, merge them into the packaged table, then bench decode and small M on
 # them. From the repository root:
-#   bash tuning/retune_bench.sh OUT [COMMIT]
+#   [BENCH_MS="1024 4096 16384"] bash tuning/retune_bench.sh OUT [COMMIT]
 # Bring back OUT/tables.tgz (its t/*.json go to tuning/tables/ and src/indexer_q/tables/, with
 # the tuner's logs) and OUT/b/bench.*: the device tool returns at most 8 files a call, and
 # the tables and logs alone are 9 (the eleventh session lost v4-pro tp8's file that way).
@@ -18,5 +18,5 @@ done
 cp "$out"/t/NVIDIA_H200_v4-*.json tuning/tables/ && python3 -m tuning.tune --merge tuning/tables/NVIDIA_H200_v4-*_tp*.json
 cp src/indexer_q/tables/NVIDIA_H200.json "$out/t/"
 tar czf "$out/tables.tgz" -C "$out" t && rm -rf "$out/t"
-INDEXER_Q_COMMIT=$commit timeout $((590 - (SECONDS - t0))) python3 -m tuning.bench --m 1 2 3 4 8 13 16 24 32 48 64 96 128 192 256 384 512 --no-plots --out "$out/b/bench" > "$out/b/bench.log" 2>&1
+INDEXER_Q_COMMIT=$commit timeout $((590 - (SECONDS - t0))) python3 -m tuning.bench --m ${BENCH_MS:-1 2 3 4 8 13 16 24 32 48 64 96 128 192 256 384 512} --no-plots --out "$out/b/bench" > "$out/b/bench.log" 2>&1
 echo "bench rc=$? at $((SECONDS - t0)) s"
