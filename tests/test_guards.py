@@ -35,6 +35,21 @@ def test_swizzle_that_pads_the_heads_is_refused_before_launch():
     assert dispatch.choose_tactic("sm_90a", None, 100, 1024, 1536, bad) == bad
 
 
+def test_separate_epilogue_past_32_bit_offsets(monkeypatch):
+    """The two-kernel tactic's bf16 y [M, N] is wider than any of the op's own tensors: where
+    its offsets would pass 32 bits an explicit such tactic is refused before any launch, and
+    a table's is run fused (the same tactic otherwise, the same bytes)."""
+    sep = Tactic(tile_m=128, epilogue_warpgroups=2, separate_epilogue=True)
+    most = V.MAX_INDEX // (8192 // 2)
+    assert dispatch.choose_tactic("sm_90a", None, most, 8192, 1536, sep) == sep
+    with pytest.raises(V.InvalidInputError, match="separate_epilogue"):
+        dispatch.choose_tactic("sm_90a", None, most + 1, 8192, 1536, sep)
+    monkeypatch.setattr(table, "lookup", lambda m, n, k, device: sep)
+    assert dispatch.choose_tactic("sm_90a", None, most, 8192, 1536) == sep
+    fused = dispatch.choose_tactic("sm_90a", None, most + 1, 8192, 1536)
+    assert fused == Tactic(tile_m=128, epilogue_warpgroups=2)
+
+
 def test_kernel_limits_are_checked_before_compiling():
     # 9 heads cannot be split over 2-CTA clusters along N: refused before any compile.
     cfg = GemmConfig(arch="sm_90a", cluster_n=2)

@@ -37,16 +37,25 @@ def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
     limits are checked when it is built, see jit.compile_fused)."""
     from . import table
     from .tactics import Tactic, heuristic
-    from .validate import fail
+    from .validate import MAX_INDEX, fail
 
+    # the two-kernel tactic's bf16 y [M, N] is the widest tensor any kernel walks, and the
+    # kernels index with 32-bit offsets (validate.check_index_range allows the op's own)
+    y_too_large = m * (n // 2) > MAX_INDEX
     if tactic is not None:
         tactic = tactic if isinstance(tactic, Tactic) else Tactic.from_dict(dict(tactic))
         problems = tactic.problems(n)
+        if tactic.separate_epilogue and y_too_large:
+            problems.append(f"separate_epilogue at M = {m}, N = {n}: its bf16 output needs offsets past 32 bits "
+                            f"(at most {MAX_INDEX // (n // 2)} tokens)")
         if problems:
             fail("tactic", f"a tactic that can run at N = {n}", "; ".join(problems))
         return tactic
-    return table.lookup(m, n, k, device) or heuristic(
+    chosen = table.lookup(m, n, k, device) or heuristic(
         arch, m, n, k, sms=_sm_count(device) if getattr(device, "type", None) == "cuda" else None)
+    if chosen.separate_epilogue and y_too_large:  # the same tactic fused: the same bytes
+        chosen = dataclasses.replace(chosen, separate_epilogue=False)
+    return chosen
 
 
 _ACT_QUANT: dict = {}  # device -> compiled activation quantizer
