@@ -221,3 +221,27 @@ def test_ncu_sass_splits_the_k_loops_stall_samples(tmp_path):
     assert ncu_sass.stall_mix(ncu_sass.k_loop(rows)) == {"barrier": 32, "not_selected": 4}
     assert ncu_sass.stall_mix(rows)["not_selected"] == 14  # the "(Not Issued)" copy is not counted twice
     assert "K loop: 36 samples, 2 instructions;" in ncu_sass.report(path, top=1)
+
+
+def test_sass_mix_counts_opcodes():
+    from tuning.sass_mix import opcode_counts
+
+    listing = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                  /* 0x00000a00ff017b82 */
+                                                                           /* 0x000fe40000000800 */
+        /*0010*/              @!P0 FADD R2, R3, R4 ;                       /* 0x0000000403028221 */
+        /*0020*/                   FADD.FTZ R5, R6, R7 ;                   /* 0x0000000706057221 */
+        /*0030*/                   SHFL.BFLY PT, R8, R9, 0x1, 0x1f ;      /* 0x0c201f0009087f89 */
+"""
+    assert opcode_counts(listing) == {"LDC": 1, "FADD": 2, "SHFL": 1}
+
+
+def test_sass_mix_of_the_row_epilogue():
+    """The mix the NOTES quote (mxfp4 with the Hadamard, 4 lanes a row): the butterfly's 5
+    local stages and RoPE's half are 5.5 FADD a value; the total stays under 30."""
+    from tuning.sass_mix import cuda_tool, mix
+
+    if not (cuda_tool("ptxas") and cuda_tool("cuobjdump")):
+        pytest.skip("needs ptxas and cuobjdump")
+    total, per_value = mix("mxfp4", True, 4, 2)
+    assert per_value["FADD"] == 5.5 and total / 64 < 30, (total, per_value)
