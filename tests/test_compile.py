@@ -346,7 +346,7 @@ def test_row_epilogue_compiles(arch, out_format, hadamard, lanes, tmp_path):
     assert "ld.global.nc.v4.f32" in ptx
     assert "griddepcontrol.wait" in ptx
     assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == (out_format == "fp8")
-    assert ("shfl.sync.bfly" in ptx)  # the amax (and the Hadamard's butterfly where asked)
+    assert "shfl.sync.bfly" in ptx  # the amax (and the Hadamard's butterfly where asked)
     if shutil.which("ptxas"):
         rep = _ptxas_report(ck, arch)
         assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", rep)) == 0, rep

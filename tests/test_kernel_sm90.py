@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from indexer_q import reference as ref
+from indexer_q.tactics import Tactic
 from indexer_q.testing import make_inputs, rope_cos_sin_table
 
 pytestmark = pytest.mark.gpu
@@ -40,7 +41,7 @@ def big_cos_sin():
 
 def _every_tactic_set(t, n, k, out_format):
     """The tactics test_every_tactic_writes_the_same_bytes runs at (t, n, k, format)."""
-    from indexer_q.tactics import Tactic, valid_tactics
+    from indexer_q.tactics import valid_tactics
 
     extra = {Tactic(tile_m=tm, epilogue_warpgroups=2, cluster_m=cm) for tm in (64, 128) for cm in (1, 2)}
     extra |= {Tactic(tile_m=tm, epilogue_warpgroups=ewg, separate_epilogue=True) for tm, ewg in ((64, 2), (128, 1))}
@@ -59,7 +60,6 @@ def _precompiled():
     import dataclasses
 
     from indexer_q import dispatch, jit
-    from indexer_q.tactics import Tactic
 
     def job(tactic, n, k, hadamard, rounding, fmt, pos="int64"):
         return (tactic.to_config("sm_90a", hadamard=hadamard, fp4_rounding=rounding, out_format=fmt,
@@ -270,7 +270,6 @@ def test_tensor_core_hadamard_matches_reference(t, n, k, big_cos_sin):
     near as the tensor core's summation order of the 128 exact products allows)."""
     _needs_sm90()
     from indexer_q import prepare_weights
-    from indexer_q.tactics import Tactic
     from tuning.bench import cublas_reference_chain
 
     seed = int.from_bytes(os.urandom(4), "little")
@@ -399,7 +398,6 @@ def test_every_tactic_writes_the_same_bytes(t, n, out_format, big_cos_sin):
     _needs_sm90()
 
     from indexer_q import prepare_weights
-    from indexer_q.tactics import Tactic
 
     k = 1536
     seed = int.from_bytes(os.urandom(4), "little")
@@ -429,15 +427,8 @@ SEPARATE_CASES = ((1, 8192, 1536), (7, 1024, 1024), (130, 8192, 1024), (1000, 10
 SEPARATE_NUMERICS = [(h, r, "mxfp4") for h in (False, True) for r in ("floor-ties", "rne")] + [
     (h, "floor-ties", f) for h in (False, True) for f in ("fp8", "fp8-unscaled", "bf16")]
 
-
-def _tactic(**fields):
-    from indexer_q.tactics import Tactic
-
-    return Tactic(**fields)
-
-
-FUSED_E2 = _tactic(tile_m=128, epilogue_warpgroups=2)
-SEPARATE_E2 = _tactic(tile_m=128, epilogue_warpgroups=2, separate_epilogue=True)
+FUSED_E2 = Tactic(tile_m=128, epilogue_warpgroups=2)
+SEPARATE_E2 = Tactic(tile_m=128, epilogue_warpgroups=2, separate_epilogue=True)
 
 
 @pytest.mark.parametrize("t,n,k", SEPARATE_CASES)
