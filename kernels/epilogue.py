@@ -569,13 +569,12 @@ def quantize_store_row(vals: list, layout: HeadRowLayout, lane_in_row, config, r
     """SPEC steps 5-6 on one head row of bf16-valued fp32 `vals` (after RoPE and the
     optional Hadamard) and its stores ("bf16": the row itself, no quantization)."""
     lane_cols = layout.column_lane_bits(lane_in_row)
-    out_format_id = config.out_format_id
-    if out_format_id == OUT_MXFP4:
+    if config.out_format_id == OUT_MXFP4:
         packed, scale_word = mxfp4_row(vals, layout, lane_in_row, config.rne)
-    elif out_format_id == OUT_BF16:
+    elif config.out_format_id == OUT_BF16:
         packed, scale_word = bf16_row(vals), Int32(0)  # no scale
     else:
-        packed, e = fp8_row(vals, layout, out_format_id == OUT_FP8)
+        packed, e = fp8_row(vals, layout, config.out_format_id == OUT_FP8)
         scale_word = (e + 127) << 23  # fp32 bits of 2^e
-    store_row(layout, out_format_id, row, m, head, lane_in_row, lane_cols, packed, scale_word,
+    store_row(layout, config.out_format_id, row, m, head, lane_in_row, lane_cols, packed, scale_word,
               out_q, out_scale, vector)
