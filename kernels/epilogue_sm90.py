@@ -4,7 +4,8 @@ The consumers hand each finished tile over as bf16 rows of one head (SPEC step 2
 rounding) in one of EPI_BUFFERS shared-memory buffers, [buffer, token row, word], the
 16-byte chunks swizzled by row (sm90_parts.swizzled_word). The epilogue warpgroup(s)
 read it back a row at a time (4 or 8 lanes a row) and run kernels/epilogue.py: RoPE,
-the Hadamard (a butterfly of shuffles, or a bf16 WGMMA against the +-1 matrix) and
+the Hadamard (a butterfly of shuffles, or its H16 factor as bf16 mma.sync against a
++-1 matrix) and
 MXFP4 / FP8 quantization with their stores. Everything here overlaps the next tile's
 mainloop.
 
@@ -21,11 +22,10 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-from cutlass import Float32, Int32
+from cutlass import Int32
 
 from . import epilogue as epi
-from .sm90_parts import (BAR_HADAMARD_READY, BAR_LAST_TILE_HANDED, EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP,
-                         issue_wgmmas, swizzled_word)
+from .sm90_parts import BAR_LAST_TILE_HANDED, EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, swizzled_word
 
 
 class Sm90EpilogueRoles:
@@ -140,15 +140,14 @@ class Sm90EpilogueRoles:
                               num_pos, positions, cos_sin, out_q, out_scale, None)
 
     @cute.jit
-    def _epilogue_tc_hadamard(self, epi_pipeline, sQ, sH, h_mma, etidx, sched_params, positions, cos_sin,
-                              out_q, out_scale, m):
-        """The epilogue with the Hadamard on the tensor cores, 64 rows at a time: each thread
-        takes the bf16 values the consumer thread of the same index wrote (the WGMMA
-        accumulator's layout is also the register A operand's), applies RoPE in registers,
-        multiplies by the column-permuted +-1 matrix (one m64n128k16 WGMMA per 16 columns)
-        and quantizes whole MXFP4 blocks (or FP8 head quarters) it alone holds."""
+    def _epilogue_tc_hadamard(self, epi_pipeline, sQ, etidx, sched_params, positions, cos_sin, out_q, out_scale,
+                              m):
+        """The epilogue with the Hadamard's H16 factor on the tensor cores (mma.sync; see
+        kernels/epilogue.py), 64 rows at a time: a warp's quads take rows g and g + 8 of
+        its 16, in SM90_EPI_ROW_LAYOUT (16-byte loads), apply RoPE, and end with whole
+        MXFP4 blocks (or FP8 head quarters) a lane."""
         bm = self.tile_rows
-        in_layout = epi.SM90_MMA_ROW_LAYOUT
+        in_layout = epi.SM90_EPI_ROW_LAYOUT
         num_pos = cos_sin.shape[0]
         lane = cute.arch.lane_idx()
         quad_lane = lane % 4
@@ -156,19 +155,7 @@ class Sm90EpilogueRoles:
         row_in_chunk = warp * 16 + lane // 4  # and 8 below it
         in_cols = in_layout.column_lane_bits(quad_lane)
         chunks = bm // ROWS_PER_CONSUMER
-
-        # The +-1 matrix as B[n, k] = H[k][output column of n], built once.
-        out_col = epi.hadamard_output_column(etidx)
-        for kk in cutlass.range(epi.HEAD_DIM, unroll=8):
-            sH[etidx, kk] = epi.sylvester_sign(kk, out_col).to(cutlass.BFloat16)
-        cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
-        cute.arch.barrier(barrier_id=BAR_HADAMARD_READY, number_of_threads=WARPGROUP)
-
-        thr = h_mma.get_slice(etidx)
-        tHrB = h_mma.make_fragment_B(thr.partition_B(sH))
-        tHrA = h_mma.make_fragment_A(thr.partition_shape_A((ROWS_PER_CONSUMER, epi.HEAD_DIM)))
-        a_words = cute.recast_tensor(tHrA, Int32)  # word h + 2j: row + 8h, columns 8j + 2q + {0, 1}
-        acc = cute.make_rmem_tensor(thr.partition_shape_C((ROWS_PER_CONSUMER, epi.HEAD_DIM)), Float32)
+        b_words = epi.tc_b_words(lane)  # the +-1 matrix, in registers for the kernel's life
         if cutlass.const_expr(self.config.pdl):
             cute.arch.griddepcontrol_wait()  # see _epilogue
 
@@ -194,61 +181,51 @@ class Sm90EpilogueRoles:
                 epi_pipeline.consumer_release(epi_state)  # the profiling probe takes the tile only
             else:
                 for c in cutlass.range_constexpr(chunks):
-                    self._tc_hadamard_chunk(c, cs, epi_pipeline, epi_state, sQ, h_mma, tHrA, tHrB, a_words, acc,
-                                            row_in_chunk, quad_lane)
+                    sums = self._tc_hadamard_chunk(c, cs, epi_pipeline, epi_state, sQ, b_words, row_in_chunk,
+                                                   in_cols)
                     cs = self._tc_cos_sin(row0 + (c + 1) * ROWS_PER_CONSUMER if c + 1 < chunks else next_row0,
                                           m, num_pos, positions, cos_sin, in_cols)
                     if cutlass.const_expr(self.skip_rows_past_m):
                         # decode: a warp whose 16 rows are all past M skips its quantization
                         if row0 - lane // 4 + c * ROWS_PER_CONSUMER < m:
-                            self._tc_hadamard_quantize(acc, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head,
+                            self._tc_hadamard_quantize(sums, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head,
                                                        out_q, out_scale)
                     else:
-                        self._tc_hadamard_quantize(acc, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head, out_q,
+                        self._tc_hadamard_quantize(sums, quad_lane, row0 + c * ROWS_PER_CONSUMER, m, head, out_q,
                                                    out_scale)
             epi_state.advance()
             work = nxt
 
     @staticmethod
     def _tc_cos_sin(row0, m, num_pos, positions, cos_sin, in_cols):
-        """cos/sin of rows row0 and row0 + 8 (a thread's two rows of a chunk), flat:
-        [cos row0, sin row0, cos row0+8, sin row0+8], 8 values each."""
-        out = []
-        for h in range(2):
-            c, s = epi.load_cos_sin_scalar(epi.SM90_MMA_ROW_LAYOUT, row0 + 8 * h, m, num_pos, positions, cos_sin,
-                                           in_cols)
-            out.extend(c + s)
-        return out
+        """cos/sin of rows row0 and row0 + 8 (a thread's two rows of a chunk): [(cos, sin)]."""
+        return [epi.load_cos_sin(epi.SM90_EPI_ROW_LAYOUT, row0 + 8 * h, m, num_pos, positions, cos_sin, in_cols)
+                for h in range(2)]
 
-    def _tc_hadamard_chunk(self, c, cs, epi_pipeline, epi_state, sQ, h_mma, tHrA, tHrB, a_words, acc,
-                           row_in_chunk, quad_lane):
-        """Chunk c (64 rows) of the tile: bf16 rows from the buffer, RoPE into the A
-        registers, then the Hadamard's WGMMAs into acc (waited for)."""
-        in_layout = epi.SM90_MMA_ROW_LAYOUT
+    def _tc_hadamard_chunk(self, c, cs, epi_pipeline, epi_state, sQ, b_words, row_in_chunk, in_cols):
+        """Chunk c (64 rows) of the tile: bf16 rows from the buffer, RoPE, then the
+        Hadamard's sums (epi.tc_hadamard_rows)."""
+        in_layout = epi.SM90_EPI_ROW_LAYOUT
+        words = []
         for h in range(2):
             r = c * ROWS_PER_CONSUMER + row_in_chunk + 8 * h
-            words = [sQ[epi_state.index, r, swizzled_word(r, 4 * j + quad_lane)] for j in range(16)]
-            pairs = in_layout.rope_pairs()
-            for k, (local, _) in enumerate(pairs):
-                x, y = epi.bf16x2_unpack(words[local // 2])
-                cos_k, sin_k = cs[2 * h * len(pairs) + k], cs[(2 * h + 1) * len(pairs) + k]
-                words[local // 2] = epi.rope_pair_word(x, y, cos_k, sin_k)
-            for j in range(16):
-                a_words[h + 2 * j] = words[j]
+            row = [sQ[epi_state.index, r, swizzled_word(r, (in_cols + in_layout.column_static(2 * p)) >> 1)]
+                   for p in range(16)]
+            cos_vals, sin_vals = cs[h]
+            for k, (local, _) in enumerate(in_layout.rope_pairs()):
+                x, y = epi.bf16x2_unpack(row[local // 2])
+                row[local // 2] = epi.rope_pair_word(x, y, cos_vals[k], sin_vals[k])
+            words.append(row)
         if c == self.tile_rows // ROWS_PER_CONSUMER - 1:
             epi_pipeline.consumer_release(epi_state)  # the tile's bf16 values are all in registers
-        h_mma = issue_wgmmas(h_mma, acc, tHrA, tHrB, range(cute.size(tHrA, mode=[2])))
-        cute.nvgpu.warpgroup.wait_group(0)
+        return epi.tc_hadamard_rows(words, b_words)
 
-    def _tc_hadamard_quantize(self, acc, quad_lane, row0, m, head, out_q, out_scale):
+    def _tc_hadamard_quantize(self, sums, quad_lane, row0, m, head, out_q, out_scale):
         """Scale, bf16, quantize and store the chunk's two rows a thread (row0, row0 + 8)."""
-        out_layout = epi.SM90_MMA_HADAMARD_OUT_LAYOUT
         for h in range(2):
-            # Accumulator value v + 2h + 4j is local 2j + v of the output layout.
-            vals = [acc[4 * (t // 2) + 2 * h + t % 2] for t in range(out_layout.num_local)]
-            vals = epi.hadamard_scale_round(vals)
-            epi.quantize_store_row(vals, out_layout, quad_lane, self.config, row0 + 8 * h, m, head, out_q,
-                                   out_scale, vector=True)
+            vals = epi.hadamard_scale_round(sums[h])
+            epi.quantize_store_row(vals, epi.SM90_MMA_HADAMARD_OUT_LAYOUT, quad_lane, self.config, row0 + 8 * h, m,
+                                   head, out_q, out_scale, vector=True)
 
     @cute.jit
     def _epilogue_passes(self, sQ, buf, rows, local, cs, ahead, pass_range, lane_in_row, lane_cols, head, m,

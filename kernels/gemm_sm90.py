@@ -29,7 +29,7 @@ from . import epilogue as epi
 from .epilogue_sm90 import Sm90EpilogueRoles
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .native_kloop_sm90 import Sm90NativeKLoops
-from .sm90_parts import (EPI_BUFFERS, HADAMARD_BYTES, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROUP, WORDS_PER_ROW,
+from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROUP, WORDS_PER_ROW,
                          Sm90KernelBase, add_partials, issue_wgmmas, reduce_tensor, send_partial, shared_storage)
 
 # The epilogue's lanes a row by its warpgroup count: 4 (32 values a thread), or 8 (16
@@ -72,8 +72,6 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
     def max_stages(config: GemmConfig) -> int:
         stage_bytes = (config.tile_m + epi.HEAD_DIM) * SCALE_BLOCK_K
         epi_bytes = EPI_BUFFERS * config.tile_m * epi.HEAD_DIM * 2
-        if config.uses_tensor_core_hadamard:
-            epi_bytes += HADAMARD_BYTES
         return (SMEM_CAPACITY - epi_bytes - Sm90FusedIndexerQ.reduce_bytes(config) - 2048) // stage_bytes
 
     @staticmethod
@@ -157,19 +155,6 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         )
         self.b_smem_staged = cute.tile_to_shape(b_atom, (bn, bk, stages), order=(0, 1, 2))
 
-        # The tensor-core Hadamard: one warpgroup, 64 rows x 128 columns, bf16 A from
-        # registers, the +-1 matrix as B ([N, K], K-major like the weight).
-        self.h_mma = sm90_utils.make_trivial_tiled_mma(
-            cutlass.BFloat16, cutlass.BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-            Float32, (1, 1, 1), tiler_mn=(ROWS_PER_CONSUMER, epi.HEAD_DIM),
-            a_source=cute.nvgpu.warpgroup.OperandSource.RMEM,
-        )
-        h_atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, cutlass.BFloat16, epi.HEAD_DIM),
-            cutlass.BFloat16,
-        )
-        self.h_smem_layout = cute.tile_to_shape(h_atom, (epi.HEAD_DIM, epi.HEAD_DIM), order=(0, 1))
-
         a_smem = cute.slice_(self.a_smem_staged, (None, None, 0))
         b_smem = cute.slice_(self.b_smem_staged, (None, None, 0))
         a_op = (
@@ -207,7 +192,6 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
 
         self.shared_storage = shared_storage(
             stages=stages, split_k=self.split_k, reduce_words=reduce_words, epi_words=epi_words,
-            hadamard_elems=cute.cosize(self.h_smem_layout) if self.tc_hadamard else 0,
             operands=[("sA", self.a_dtype, cute.cosize(self.a_smem_staged)),
                       ("sB", self.b_dtype, cute.cosize(self.b_smem_staged))])
         self.kernel(
@@ -225,8 +209,6 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             self.a_smem_staged,
             self.b_smem_staged,
             sched_params,
-            self.h_mma,
-            self.h_smem_layout,
         ).launch(
             grid=grid,
             block=[self.threads, 1, 1],
@@ -254,8 +236,6 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         a_smem_staged: cute.ComposedLayout,
         b_smem_staged: cute.ComposedLayout,
         sched_params: utils.PersistentTileSchedulerParams,
-        h_mma: cute.TiledMma,
-        h_smem_layout: cute.ComposedLayout,
     ):
         bm, bn, bk = self.tile_shape_mnk
         stages = self.stages
@@ -367,9 +347,8 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             self._set_epilogue_registers()
             if cta_rank == 0 or cutlass.const_expr(self.split_k == 1):  # K-split rank 0 writes
                 if cutlass.const_expr(self.tc_hadamard):
-                    sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
                     self._epilogue_tc_hadamard(
-                        epi_pipeline, sQ, sH, h_mma, tidx - self.epi_wg * WARPGROUP, sched_params,
+                        epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
                         positions, cos_sin, out_q, out_scale, a_scale.shape[0],
                     )
                 else:

@@ -24,8 +24,6 @@ EPI_BUFFERS = 2  # bf16 tiles in flight between the consumers and the epilogue w
 # small tile's rows spread over every thread.
 ROW_LAYOUTS = {4: epi.SM90_EPI_ROW_LAYOUT, 8: epi.SM90_EPI8_ROW_LAYOUT}
 WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
-HADAMARD_BYTES = epi.HEAD_DIM * epi.HEAD_DIM * 2  # the bf16 +-1 matrix of the tensor-core Hadamard
-BAR_HADAMARD_READY = 1  # named barrier (0 is the CTA's): the epilogue's +-1 matrix is in shared memory
 BAR_LAST_TILE_HANDED = 2  # the consumers' bf16 rows of the CTA's last tile are all in shared memory
 ACCUMULATE = cute.nvgpu.warpgroup.Field.ACCUMULATE
 
@@ -56,11 +54,10 @@ def swizzled_word(row, word):
 
 
 def shared_storage(*, stages: int, split_k: int, reduce_words: int, epi_words: int, operands: list,
-                   hadamard_elems: int = 0, extra: list = ()):
+                   extra: list = ()):
     """The CTA's shared-memory struct: barriers, then 1024-aligned buffers. `operands`:
     [(name, dtype, elements)] of the MMA operand rings (or resident operands), last;
-    `extra`: [(name, dtype, elements)] placed before them; the tensor-core Hadamard's
-    +-1 matrix (`hadamard_elems` bf16) sits before those."""
+    `extra`: [(name, dtype, elements)] placed before them."""
     def buf(dtype, n):
         return cute.struct.Align[cute.struct.MemRange[dtype, n], 1024]
 
@@ -72,8 +69,6 @@ def shared_storage(*, stages: int, split_k: int, reduce_words: int, epi_words: i
         "sReduce": buf(Int32, reduce_words),
         "sQ": buf(Int32, epi_words),
     }
-    if hadamard_elems:
-        fields["sH"] = buf(cutlass.BFloat16, hadamard_elems)
     for name, dtype, n in list(extra) + list(operands):
         fields[name] = buf(dtype, n)
     return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))

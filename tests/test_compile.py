@@ -71,8 +71,10 @@ def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, epilogue_warpgroups, tensor_c
         # .dec may only lower a warp's count and .inc only raise it (else: illegal instruction)
         for kind, regs in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx):
             assert (int(regs) <= entry) if kind == "dec" else (int(regs) >= entry), (kind, regs, entry)
-    if cfg.uses_tensor_core_hadamard:  # the Hadamard's bf16 WGMMAs, A from registers
-        assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, \{", ptx)
+    if cfg.uses_tensor_core_hadamard:  # the Hadamard's H16 factor: 16 bf16 mma.sync a chunk of 64 rows
+        tile_chunks = tile_m // 64
+        assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 16 * tile_chunks
+        assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16" not in ptx
 
 
 @pytest.mark.skipif(not shutil.which("ptxas"), reason="needs ptxas")

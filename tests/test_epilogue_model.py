@@ -82,37 +82,68 @@ def test_magic_number_e2m1_matches_reference_for_every_bf16(rounding):
 
 
 def test_tensor_core_hadamard_layout_bookkeeping():
-    """The tensor-core Hadamard's index bookkeeping (kernels/gemm_sm90.py,
-    _tc_hadamard_chunk and _tc_hadamard_quantize) on the exact +-1 matrix:
-    - the consumer thread with lane q of a row quad writes that row's columns 8j + 2q +
-      {0, 1} as word 4j + q; the epilogue thread of the same index puts that word in
-      register A word h + 2j, which the ((2, 2, 2), 1, 8) bf16 fragment reads as columns
-      16 kk + 8 khalf + 2q + {0, 1} with j = 2 kk + khalf: the same columns;
-    - with the matrix's columns permuted by kernels.epilogue.hadamard_output_column, the
-      accumulator value 4j + 2h + v (column 8j + 2q + v) is the Hadamard's column
-      32q + 2j + v: lane q holds MXFP4 block q, value t = 2j + v in order."""
+    """The tensor-core Hadamard's index bookkeeping (kernels/epilogue.py tc_a_word_source,
+    tc_b_words and tc_hadamard_rows), modelled with PTX's m16n8k16 fragment layouts on
+    integer rows (every sum exact): each lane builds its A words from its SM90_EPI_ROW_LAYOUT
+    words by byte permutes, the +-1 B fragments from the column-bit maps, 16 MMAs and the
+    butterfly over the blocks give H128 q in SM90_MMA_HADAMARD_OUT_LAYOUT's order."""
     from indexer_q.kernels import epilogue as epi
 
-    perm = [int(epi.hadamard_output_column(n)) for n in range(128)]
-    assert sorted(perm) == list(range(128))
+    rng = np.random.default_rng(0)
+    q = rng.integers(-50, 51, size=(16, 128)).astype(np.int64)  # a warp's 16 rows
     i = np.arange(128)
-    had = np.array([[(-1) ** int(a & b).bit_count() for b in i] for a in i], dtype=np.int8)  # Sylvester
-    permuted = had[:, perm]  # what the kernel stores as the WGMMA's B (its [n, k] = this [k, n])
-    layout_in, layout_out = epi.SM90_MMA_ROW_LAYOUT, epi.SM90_MMA_HADAMARD_OUT_LAYOUT
-    for q in range(4):
-        for kk in range(8):
+    had = np.array([[(-1) ** int(a & b).bit_count() for b in i] for a in i], dtype=np.int64)  # Sylvester
+    expect = q @ had
+    layout_in, layout_out = epi.SM90_EPI_ROW_LAYOUT, epi.SM90_MMA_HADAMARD_OUT_LAYOUT
+
+    def col_in(lane, local):
+        return layout_in.column_static(local) + int(layout_in.column_lane_bits(lane % 4))
+
+    def word_halves(lane, row, w):  # the lane's word w of `row`: its locals 2w, 2w + 1
+        return q[row, col_in(lane, 2 * w)], q[row, col_in(lane, 2 * w + 1)]
+
+    def prmt_halves(lo_word, hi_word, sel):
+        halves = list(lo_word) + list(hi_word)
+        return {0x5410: (halves[0], halves[2]), 0x7632: (halves[1], halves[3])}[sel]
+
+    def b_matrix(half):  # B[k][n] for n in the half's 8 columns, from the k/n column-bit maps
+        return np.array([[(-1) ** (epi.scatter_bits(k, epi.TC_K_COLUMN_BITS)
+                                   & epi.scatter_bits(n + 8 * half, epi.TC_N_COLUMN_BITS)).bit_count()
+                          for n in range(8)] for k in range(16)], dtype=np.int64)
+
+    for block in range(8):
+        a_tile = np.zeros((16, 16), dtype=np.int64)  # what the MMA reads from the A fragments
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
             for khalf in range(2):
-                for h in range(2):
-                    for v in range(2):
-                        j = 2 * kk + khalf
-                        element = v + 2 * h + 4 * khalf + 8 * kk  # of the A fragment
-                        assert element // 2 == h + 2 * j  # the A word the kernel writes
-                        a_col = 16 * kk + 8 * khalf + 2 * q + v  # the column WGMMA reads there
-                        assert a_col == 8 * j + 2 * q + v  # the consumer's word 4j + q, half v
-                        local = 2 * j + v  # SM90_MMA_ROW_LAYOUT's local index of that column
-                        assert layout_in.column_static(local) + int(layout_in.column_lane_bits(q)) == a_col
-        for t in range(32):  # the output: accumulator value 4 (t // 2) + 2h + t % 2
-            acc_col = 8 * (t // 2) + 2 * q + t % 2
-            out_col = layout_out.column_static(t) + int(layout_out.column_lane_bits(q))
-            assert out_col == 32 * q + t
-            assert (permuted[:, acc_col] == had[:, out_col]).all()
+                local, sel = epi.tc_a_word_source(block, khalf)
+                for h in range(2):  # A register h + 2 khalf: row g + 8h, k = 2t + 8 khalf + {0, 1}
+                    lo, hi = prmt_halves(word_halves(lane, g + 8 * h, local // 2),
+                                         word_halves(lane, g + 8 * h, local // 2 + 8), sel)
+                    a_tile[g + 8 * h, 2 * t + 8 * khalf] = lo
+                    a_tile[g + 8 * h, 2 * t + 8 * khalf + 1] = hi
+        for k in range(16):  # the A tile is q's columns block + the k bits' columns
+            assert (a_tile[:, k] == q[:, block + epi.scatter_bits(k, epi.TC_K_COLUMN_BITS)]).all()
+    # The B fragments the kernel's tc_b_words builds hold B's entries at PTX's places.
+    for half in range(2):
+        bm = b_matrix(half)
+        for n in range(8):
+            for k in range(16):
+                j = epi.scatter_bits(n + 8 * half, epi.TC_N_COLUMN_BITS)
+                assert bm[k, n] == had[epi.scatter_bits(k, epi.TC_K_COLUMN_BITS), j]
+    # Sums: per block the MMA (k over column bits 3..6), then the butterfly over bits 0..2.
+    partial = np.stack([np.stack([q[:, [b + epi.scatter_bits(k, epi.TC_K_COLUMN_BITS) for k in range(16)]]
+                                  @ b_matrix(half) for half in range(2)]) for b in range(8)])  # [b, half, row, n]
+    for bit in range(3):
+        m = 1 << bit
+        for b in range(8):
+            if not b & m:
+                partial[b], partial[b | m] = partial[b] + partial[b | m], partial[b] - partial[b | m]
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for h in range(2):
+            for local in range(32):  # tc_hadamard_rows' return order, accumulator value 2h + v
+                block, v, half = local % 8, (local // 8) % 2, local // 16
+                value = partial[block, half, g + 8 * h, 2 * t + v]
+                col = layout_out.column_static(local) + int(layout_out.column_lane_bits(t))
+                assert value == expect[g + 8 * h, col] and col == 32 * t + local
