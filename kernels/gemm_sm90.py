@@ -30,7 +30,8 @@ from .epilogue_sm90 import Sm90EpilogueRoles
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .native_kloop_sm90 import Sm90NativeKLoops
 from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROUP, WORDS_PER_ROW,
-                         Sm90KernelBase, add_partials, issue_wgmmas, reduce_tensor, send_partial, shared_storage)
+                         Sm90KernelBase, add_partials, issue_wgmmas, opaque_stage, reduce_tensor, send_partial,
+                         shared_storage)
 
 # The epilogue's lanes a row by its warpgroup count: 4 (32 values a thread), or 8 (16
 # values) so that two warpgroups fit the registers one had.
@@ -483,6 +484,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         while work.is_valid_tile:
             tile = work.tile_idx
             head = tile[1]
+            read_state = opaque_stage(read_state)
             # Scale rows are clamped so that rows past M never read out of bounds.
             m_tile = self._m_tile(tile)
             srow0 = cutlass.min(m_tile * bm + row_in_tile, m - 1)

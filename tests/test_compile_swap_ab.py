@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
-import subprocess
 
 import pytest
 
@@ -18,13 +16,14 @@ def _ptx(ck) -> str:
         return f.read()
 
 
-def _spills(ck, arch) -> int:
-    p = subprocess.run(["ptxas", f"-arch={arch}", "-v", ck.artifacts["ptx"], "-o", "/dev/null"],
-                       capture_output=True, text=True)
-    if p.returncode and "Unsupported .version" in p.stderr:
-        pytest.skip(f"ptxas too old for this PTX: {p.stderr.strip()[:120]}")
-    assert p.returncode == 0, p.stderr
-    return max(int(x) for x in re.findall(r"(\d+) bytes spill stores", p.stderr))
+def _spills(ck) -> int:
+    """Spills in the cubin the DSL built (tests/test_compile.py's _resources)."""
+    from tuning.sass_mix import cubin_resources, cuda_tool
+
+    if cuda_tool("cuobjdump") is None:
+        pytest.skip("needs cuobjdump (on PATH or Triton's)")
+    res = cubin_resources(ck.artifacts["cubin"])
+    return res["spills"] + res["local"]
 
 
 SM90_CASES = [
@@ -91,8 +90,7 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
         assert ptx.count("ld.global.nc.v4.f32") <= 2 and ptx.count("ld.shared.v4") >= 8
     elif cfg.fused_act_quant:  # qr's 16-byte global loads
         assert ptx.count("ld.global.nc.v4.f32") > 8
-    if shutil.which("ptxas"):
-        assert _spills(ck, "sm_90a") == 0
+    assert _spills(ck) == 0
 
 
 @pytest.mark.parametrize("m,n,k", [(16, 8192, 4096), (16, 8192, 8192)])
@@ -129,8 +127,7 @@ def test_sm100_swap_ab_compiles(out_format, hadamard, tmp_path):
     before = ptx.split("griddepcontrol.wait;")[0]
     assert before.count("cp.async.bulk.tensor") == 2 * min(k.stages, 1536 // 128)
     assert "st.global.v4.b32" in ptx
-    if shutil.which("ptxas"):
-        assert _spills(ck, "sm_100a") == 0
+    assert _spills(ck) == 0
 
 
 def test_swap_ab_limits():

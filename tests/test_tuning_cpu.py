@@ -241,7 +241,7 @@ def test_sass_mix_of_the_row_epilogue():
     local stages and RoPE's half are 5.5 FADD a value; the total stays under 30."""
     from tuning.sass_mix import cuda_tool, mix
 
-    if not (cuda_tool("ptxas") and cuda_tool("cuobjdump")):
-        pytest.skip("needs ptxas and cuobjdump")
+    if not cuda_tool("cuobjdump"):
+        pytest.skip("needs cuobjdump")
     total, per_value = mix("mxfp4", True, 4, 2)
     assert per_value["FADD"] == 5.5 and total / 64 < 30, (total, per_value)

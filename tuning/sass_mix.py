@@ -1,10 +1,10 @@
 """The shared epilogue's SASS instruction mix a value, on the CPU (no GPU): `python -m
 tuning.sass_mix [--lanes 4] [--units 2]`. Compiles kernels/row_epilogue.py (which runs
 kernels/epilogue.py's code alone, one (row, head) unit of 128 / lanes values a lane) for
-each numerics case, assembles it with ptxas and counts cuobjdump's instructions by opcode,
-divided by the values a lane finishes: the count that the epilogue's cost follows (the row
-epilogue is issue-bound, `ncu_sm90_2026-12-02_s16.md`). ptxas and cuobjdump come from PATH
-or from Triton's bundled CUDA tools."""
+each numerics case and counts the instructions of the cubin the DSL built (its own ptxas,
+as on the GPU machines) by opcode, divided by the values a lane finishes: the count that
+the epilogue's cost follows (the row epilogue is issue-bound, `ncu_sm90_2026-12-02_s16.md`).
+cuobjdump comes from PATH or from Triton's bundled CUDA tools."""
 from __future__ import annotations
 
 import argparse
@@ -46,6 +46,26 @@ def opcode_counts(sass: str) -> collections.Counter:
     return ops
 
 
+def cubin_sass(cubin: str) -> str:
+    """cuobjdump's SASS listing of a cubin."""
+    return subprocess.run([cuda_tool("cuobjdump"), "-sass", cubin], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def cubin_resources(cubin: str) -> dict:
+    """The one kernel's registers, stack and local memory (cuobjdump -res-usage) and the
+    local loads and stores (spills) in its SASS."""
+    import re
+
+    usage = subprocess.run([cuda_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True,
+                           text=True).stdout
+    found = re.findall(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage)
+    assert len(found) == 1, usage
+    regs, stack, local = (int(v) for v in found[0])
+    spills = len(re.findall(r"\b(?:STL|LDL)\b", cubin_sass(cubin)))
+    return dict(regs=regs, stack=stack, local=local, spills=spills)
+
+
 def mix(out_format: str, hadamard: bool, lanes: int, units: int, arch: str = "sm_90a") -> tuple[int, dict]:
     """(instructions, {opcode: count a value}) of the row epilogue for these numerics."""
     from indexer_q import jit
@@ -54,10 +74,7 @@ def mix(out_format: str, hadamard: bool, lanes: int, units: int, arch: str = "sm
     with tempfile.TemporaryDirectory() as d:
         ck = jit.compile_row_epilogue(GemmConfig(arch=arch, out_format=out_format, hadamard=hadamard), 8192,
                                       lanes_per_row=lanes, units_per_group=units, keep_dir=d)
-        cubin = os.path.join(d, "k.cubin")
-        subprocess.run([cuda_tool("ptxas"), f"-arch={arch}", ck.artifacts["ptx"], "-o", cubin], check=True)
-        sass = subprocess.run([cuda_tool("cuobjdump"), "-sass", cubin], check=True, capture_output=True,
-                              text=True).stdout
+        sass = cubin_sass(ck.artifacts["cubin"])
     ops = opcode_counts(sass)
     values = 128 // lanes * units
     return sum(ops.values()), {op: n / values for op, n in ops.most_common()}

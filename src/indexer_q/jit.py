@@ -78,14 +78,15 @@ def _compile(name: str, arch: str, obj, args, keep_dir: str | None) -> CompiledK
     opts = f"--enable-tvm-ffi --gpu-arch {arch}"
     if keep_dir:
         os.makedirs(keep_dir, exist_ok=True)  # CuTe DSL silently skips a missing dir
-        opts += f" --keep-ptx --dump-dir {keep_dir}"
+        opts += f" --keep-ptx --keep-cubin --dump-dir {keep_dir}"
     t0 = time.perf_counter()
     fn = cute.compile(obj, *args, options=opts)
     ck = CompiledKernel(name, arch, fn, time.perf_counter() - t0)
     if keep_dir:
-        ptx = sorted(f for f in os.listdir(keep_dir) if f.endswith(".ptx"))
-        if ptx:
-            ck.artifacts["ptx"] = os.path.join(keep_dir, ptx[-1])
+        for kind in ("ptx", "cubin"):  # the cubin is what runs: built by the DSL's own ptxas
+            found = sorted(f for f in os.listdir(keep_dir) if f.endswith("." + kind))
+            if found:
+                ck.artifacts[kind] = os.path.join(keep_dir, found[-1])
     return ck
 
 
