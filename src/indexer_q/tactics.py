@@ -229,9 +229,11 @@ def _candidates():
             yield Tactic(tile_m=64, cluster_m=2, epilogue_warpgroups=ewg)
         else:
             yield Tactic(tile_m=128, cluster_n=2, epilogue_warpgroups=ewg)
-    # the Hadamard on the tensor cores (one epilogue warpgroup); with 64-row tiles it never
-    # won on the H200 (decode: 0.3-1.5 us slower, its WGMMA is latency the butterfly's skip avoids)
+    # the Hadamard's H16 factor on the tensor cores (one epilogue warpgroup); 3 stages leave
+    # L1 room and won at V4-Pro M = 1024 and 16384 (H200, seventeenth session); with 64-row
+    # tiles it never won on the H200 (decode: its tiles' latency the butterfly's skip avoids)
     yield Tactic(tile_m=128, tensor_core_hadamard=True)
+    yield Tactic(tile_m=128, tensor_core_hadamard=True, stages=3)
     yield Tactic(tile_m=128, cluster_n=2, tensor_core_hadamard=True)
     yield Tactic(tile_m=64, split_k=4, epilogue_warpgroups=2)
     for stages in (3, 4):
