@@ -3,13 +3,14 @@ MXFP4 / FP8 quantization and packing, on one thread's share of one head row.
 
 A head row is 128 fp32 accumulator values. Each arch's MMA leaves them spread over
 `lanes_per_row` lanes of a warp; `HeadRowLayout` says which column every local value
-is. Every helper here is a plain trace-time function (called from inside a kernel) on plain Python lists of DSL scalars plus the lane's index
-within its row group, so the sm_90a WGMMA kernel, the sm_100a TMEM kernel and test
+is. Every helper here is a plain trace-time function (called from inside a kernel) on
+plain Python lists of DSL scalars plus the lane's index within its row group, so the sm_90a WGMMA kernel, the sm_100a TMEM kernel and test
 kernels call the same code. All loops are unrolled at trace time.
 
 Exactness (SPEC steps 3-6, bit for bit with `indexer_q.reference`):
 - products in RoPE use `mul.rn` so the compiler cannot contract them into an FMA;
-- the Hadamard is a butterfly over column bits 0..6 in that order, in fp32;
+- the Hadamard is a butterfly over column bits 0..6 in that order, in fp32 (the
+  tensor-core Hadamard, a tactic, sums each 16 exact products in the tensor core's order);
 - power-of-two exponents come from the float's bits, never from log2.
 """
 from __future__ import annotations
@@ -72,25 +73,6 @@ class HeadRowLayout:
         for b, (kind, i) in enumerate(self.col_bits):
             if kind == "lane":
                 col = col | (((lane_in_row >> i) & 1) << b)
-        return col
-
-    def split_column(self, col):
-        """(local index, lane in row) holding column `col` (run-time Int32s)."""
-        local, lane = Int32(0), Int32(0)
-        for b, (kind, i) in enumerate(self.col_bits):
-            bit = ((col >> b) & 1) << i
-            if kind == "local":
-                local = local | bit
-            else:
-                lane = lane | bit
-        return local, lane
-
-    def column(self, local, lane_in_row):
-        """The column that `local` of lane `lane_in_row` holds (run-time Int32s)."""
-        col = Int32(0)
-        for b, (kind, i) in enumerate(self.col_bits):
-            src = local if kind == "local" else lane_in_row
-            col = col | (((src >> i) & 1) << b)
         return col
 
 
@@ -561,23 +543,6 @@ def load_cos_sin(layout: HeadRowLayout, row, m, num_pos, positions, cos_sin, lan
         sin_vals.extend(load_f32x4(cos_sin.iterator + cute.crd2idx((pos_idx, col + 32), cos_sin.layout)))
     cos_vals = [sel_f32(pos_ok, c, 1.0) for c in cos_vals]
     sin_vals = [sel_f32(pos_ok, v, 0.0) for v in sin_vals]
-    return cos_vals, sin_vals
-
-
-def load_cos_sin_scalar(layout: HeadRowLayout, row, m, num_pos, positions, cos_sin, lane_cols):
-    """load_cos_sin for layouts whose RoPE pairs are not in runs of 4 in a thread (the
-    WGMMA accumulator's: pairs q, q + 4, ...): one 4-byte load a value."""
-    pos = positions[cutlass.min(row, m - 1)]
-    pos_ok = (pos >= 0) & (pos < num_pos)
-    pos_idx = Int32(cutlass.select_(pos_ok, pos, type(pos)(0)))
-    pair0 = lane_cols >> 1
-    cos_vals, sin_vals = [], []
-    for _, k in layout.rope_pairs():
-        col = pair0 + k
-        cos_vals.append(sel_f32(pos_ok, load_f32(cos_sin.iterator + cute.crd2idx((pos_idx, col), cos_sin.layout)),
-                                1.0))
-        sin_vals.append(sel_f32(pos_ok, load_f32(cos_sin.iterator + cute.crd2idx((pos_idx, col + 32),
-                                                                                  cos_sin.layout)), 0.0))
     return cos_vals, sin_vals
 
 

@@ -4,10 +4,9 @@ The consumers hand each finished tile over as bf16 rows of one head (SPEC step 2
 rounding) in one of EPI_BUFFERS shared-memory buffers, [buffer, token row, word], the
 16-byte chunks swizzled by row (sm90_parts.swizzled_word). The epilogue warpgroup(s)
 read it back a row at a time (4 or 8 lanes a row) and run kernels/epilogue.py: RoPE,
-the Hadamard (a butterfly of shuffles, or its H16 factor as bf16 mma.sync against a
-+-1 matrix) and
-MXFP4 / FP8 quantization with their stores. Everything here overlaps the next tile's
-mainloop.
+the Hadamard (a butterfly of shuffles, or its H16 factor as bf16 mma.sync against a +-1
+matrix) and MXFP4 / FP8 quantization with their stores. Everything here overlaps the next
+tile's mainloop.
 
 A kernel class that mixes this in sets: tile_rows (token rows of a tile), row_layout,
 lanes_per_row, rows_per_pass, epilogue_regs, skip_rows_past_m, config and _m_tile(); it may

@@ -62,8 +62,8 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             out.append("split_k > 1 needs tile_m=64, no multicast cluster and no pipelined_promotion "
                        "(its cluster is the K split; one consumer warpgroup sends one partial)")
         if config.uses_tensor_core_hadamard and config.epilogue_warpgroups != 1:
-            out.append("tensor_core_hadamard needs epilogue_warpgroups=1 (its 64x128 accumulator "
-                       "does not fit two epilogue warpgroups' registers)")
+            out.append("tensor_core_hadamard needs epilogue_warpgroups=1 (a thread's 64 sums and 32 "
+                       "operand words do not fit two epilogue warpgroups' 64 registers)")
         if config.pipelined_promotion and (config.tile_m != 64 or config.mma_per_promotion != 4):
             out.append("pipelined_promotion needs tile_m=64 and mma_per_promotion=4 (two partial "
                        "accumulators fit only in one consumer warpgroup's registers)")
