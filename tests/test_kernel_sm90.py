@@ -265,9 +265,10 @@ def test_fused_mxfp4_matches_reference(t, n, k, big_cos_sin):
 @pytest.mark.parametrize("t", MS)
 @pytest.mark.parametrize("n,k", list(itertools.product(NS, KS)))
 def test_tensor_core_hadamard_matches_reference(t, n, k, big_cos_sin):
-    """The Hadamard as a bf16 WGMMA (tensor_core_hadamard): the SPEC's criteria as for the
-    butterfly, for MXFP4 in both roundings and for FP8 (FP8: the cuBLAS chain's bytes, as
-    near as the tensor core's summation order of the 128 exact products allows)."""
+    """The Hadamard's H16 factor on the tensor cores (tensor_core_hadamard, mma.sync): the
+    SPEC's criteria as for the butterfly, for MXFP4 in both roundings and for FP8 (FP8: the
+    cuBLAS chain's bytes, as near as the tensor core's summation order of each 16 exact
+    products allows)."""
     _needs_sm90()
     from indexer_q import prepare_weights
     from tuning.bench import cublas_reference_chain
