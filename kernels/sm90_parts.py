@@ -61,9 +61,9 @@ def opaque_stage(state):
     run-time values. Unrolled over a tile's K blocks, a ring whose stage count divides them
     (12 blocks: 3, 4 or 6 stages) returns to the same stage every tile; the compiler then
     folds every stage index and keeps each stage's descriptors live across the tile loop.
-    With CUDA 13's ptxas (the device kit's) that spilled 47 and 479 registers at 3 and 4
-    stages (V4-Pro M = 1024: 4 stages 1.6x the time of 5); computed per block as at 5
-    stages, they do not."""
+    With CUDA 13's ptxas (the device kit's) that spilled: 47 and 479 local loads and stores
+    at 3 and 4 stages (V4-Pro M = 1024: 4 stages 1.6x the time of 5); computed per block as
+    at 5 stages, they do not."""
     return pipeline.PipelineState(state.stages, state.count, opaque_i32(state.index), opaque_i32(state.phase))
 
 
