@@ -24,6 +24,7 @@ import cutlass.utils as utils
 from cutlass import Int32
 
 from . import epilogue as epi
+from . import hadamard_mma_sm90 as hmma
 from .sm90_parts import BAR_LAST_TILE_HANDED, EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, swizzled_word
 
 
@@ -142,7 +143,7 @@ class Sm90EpilogueRoles:
     def _epilogue_tc_hadamard(self, epi_pipeline, sQ, etidx, sched_params, positions, cos_sin, out_q, out_scale,
                               m):
         """The epilogue with the Hadamard's H16 factor on the tensor cores (mma.sync; see
-        kernels/epilogue.py), 64 rows at a time: a warp's quads take rows g and g + 8 of
+        kernels/hadamard_mma_sm90.py), 64 rows at a time: a warp's quads take rows g and g + 8 of
         its 16, in SM90_EPI_ROW_LAYOUT (16-byte loads), apply RoPE, and end with whole
         MXFP4 blocks (or FP8 head quarters) a lane."""
         bm = self.tile_rows
@@ -154,7 +155,7 @@ class Sm90EpilogueRoles:
         row_in_chunk = warp * 16 + lane // 4  # and 8 below it
         in_cols = in_layout.column_lane_bits(quad_lane)
         chunks = bm // ROWS_PER_CONSUMER
-        b_words = epi.tc_b_words(lane)  # the +-1 matrix, in registers for the kernel's life
+        b_words = hmma.tc_b_words(lane)  # the +-1 matrix, in registers for the kernel's life
         if cutlass.const_expr(self.config.pdl):
             cute.arch.griddepcontrol_wait()  # see _epilogue
 
@@ -203,7 +204,7 @@ class Sm90EpilogueRoles:
 
     def _tc_hadamard_chunk(self, c, cs, epi_pipeline, epi_state, sQ, b_words, row_in_chunk, in_cols):
         """Chunk c (64 rows) of the tile: bf16 rows from the buffer, RoPE, then the
-        Hadamard's sums (epi.tc_hadamard_rows)."""
+        Hadamard's sums (hmma.tc_hadamard_rows)."""
         in_layout = epi.SM90_EPI_ROW_LAYOUT
         words = []
         for h in range(2):
@@ -217,13 +218,13 @@ class Sm90EpilogueRoles:
             words.append(row)
         if c == self.tile_rows // ROWS_PER_CONSUMER - 1:
             epi_pipeline.consumer_release(epi_state)  # the tile's bf16 values are all in registers
-        return epi.tc_hadamard_rows(words, b_words)
+        return hmma.tc_hadamard_rows(words, b_words)
 
     def _tc_hadamard_quantize(self, sums, quad_lane, row0, m, head, out_q, out_scale):
         """Scale, bf16, quantize and store the chunk's two rows a thread (row0, row0 + 8)."""
         for h in range(2):
             vals = epi.hadamard_scale_round(sums[h])
-            epi.quantize_store_row(vals, epi.SM90_MMA_HADAMARD_OUT_LAYOUT, quad_lane, self.config, row0 + 8 * h, m,
+            epi.quantize_store_row(vals, hmma.SM90_MMA_HADAMARD_OUT_LAYOUT, quad_lane, self.config, row0 + 8 * h, m,
                                    head, out_q, out_scale, vector=True)
 
     @cute.jit

@@ -9,6 +9,7 @@ import pytest
 
 from indexer_q import jit
 from indexer_q.kernels.gemm_base import GemmConfig
+from test_compile import _resources
 
 
 def _ptx(ck) -> str:
@@ -17,12 +18,8 @@ def _ptx(ck) -> str:
 
 
 def _spills(ck) -> int:
-    """Spills in the cubin the DSL built (tests/test_compile.py's _resources)."""
-    from tuning.sass_mix import cubin_resources, cuda_tool
-
-    if cuda_tool("cuobjdump") is None:
-        pytest.skip("needs cuobjdump (on PATH or Triton's)")
-    res = cubin_resources(ck.artifacts["cubin"])
+    """Local memory and spills in the cubin the DSL built (test_compile._resources)."""
+    res = _resources(ck)
     return res["spills"] + res["local"]
 
 

@@ -82,19 +82,20 @@ def test_magic_number_e2m1_matches_reference_for_every_bf16(rounding):
 
 
 def test_tensor_core_hadamard_layout_bookkeeping():
-    """The tensor-core Hadamard's index bookkeeping (kernels/epilogue.py tc_a_word_source,
+    """The tensor-core Hadamard's index bookkeeping (kernels/hadamard_mma_sm90.py tc_a_word_source,
     tc_b_words and tc_hadamard_rows), modelled with PTX's m16n8k16 fragment layouts on
     integer rows (every sum exact): each lane builds its A words from its SM90_EPI_ROW_LAYOUT
     words by byte permutes, the +-1 B fragments from the column-bit maps, 16 MMAs and the
     butterfly over the blocks give H128 q in SM90_MMA_HADAMARD_OUT_LAYOUT's order."""
     from indexer_q.kernels import epilogue as epi
+    from indexer_q.kernels import hadamard_mma_sm90 as hmma
 
     rng = np.random.default_rng(0)
     q = rng.integers(-50, 51, size=(16, 128)).astype(np.int64)  # a warp's 16 rows
     i = np.arange(128)
     had = np.array([[(-1) ** int(a & b).bit_count() for b in i] for a in i], dtype=np.int64)  # Sylvester
     expect = q @ had
-    layout_in, layout_out = epi.SM90_EPI_ROW_LAYOUT, epi.SM90_MMA_HADAMARD_OUT_LAYOUT
+    layout_in, layout_out = epi.SM90_EPI_ROW_LAYOUT, hmma.SM90_MMA_HADAMARD_OUT_LAYOUT
 
     def col_in(lane, local):
         return layout_in.column_static(local) + int(layout_in.column_lane_bits(lane % 4))
@@ -107,8 +108,8 @@ def test_tensor_core_hadamard_layout_bookkeeping():
         return {0x5410: (halves[0], halves[2]), 0x7632: (halves[1], halves[3])}[sel]
 
     def b_matrix(half):  # B[k][n] for n in the half's 8 columns, from the k/n column-bit maps
-        return np.array([[(-1) ** (epi.scatter_bits(k, epi.TC_K_COLUMN_BITS)
-                                   & epi.scatter_bits(n + 8 * half, epi.TC_N_COLUMN_BITS)).bit_count()
+        return np.array([[(-1) ** (hmma.scatter_bits(k, hmma.TC_K_COLUMN_BITS)
+                                   & hmma.scatter_bits(n + 8 * half, hmma.TC_N_COLUMN_BITS)).bit_count()
                           for n in range(8)] for k in range(16)], dtype=np.int64)
 
     for block in range(8):
@@ -116,23 +117,23 @@ def test_tensor_core_hadamard_layout_bookkeeping():
         for lane in range(32):
             g, t = lane // 4, lane % 4
             for khalf in range(2):
-                local, sel = epi.tc_a_word_source(block, khalf)
+                local, sel = hmma.tc_a_word_source(block, khalf)
                 for h in range(2):  # A register h + 2 khalf: row g + 8h, k = 2t + 8 khalf + {0, 1}
                     lo, hi = prmt_halves(word_halves(lane, g + 8 * h, local // 2),
                                          word_halves(lane, g + 8 * h, local // 2 + 8), sel)
                     a_tile[g + 8 * h, 2 * t + 8 * khalf] = lo
                     a_tile[g + 8 * h, 2 * t + 8 * khalf + 1] = hi
         for k in range(16):  # the A tile is q's columns block + the k bits' columns
-            assert (a_tile[:, k] == q[:, block + epi.scatter_bits(k, epi.TC_K_COLUMN_BITS)]).all()
+            assert (a_tile[:, k] == q[:, block + hmma.scatter_bits(k, hmma.TC_K_COLUMN_BITS)]).all()
     # The B fragments the kernel's tc_b_words builds hold B's entries at PTX's places.
     for half in range(2):
         bm = b_matrix(half)
         for n in range(8):
             for k in range(16):
-                j = epi.scatter_bits(n + 8 * half, epi.TC_N_COLUMN_BITS)
-                assert bm[k, n] == had[epi.scatter_bits(k, epi.TC_K_COLUMN_BITS), j]
+                j = hmma.scatter_bits(n + 8 * half, hmma.TC_N_COLUMN_BITS)
+                assert bm[k, n] == had[hmma.scatter_bits(k, hmma.TC_K_COLUMN_BITS), j]
     # Sums: per block the MMA (k over column bits 3..6), then the butterfly over bits 0..2.
-    partial = np.stack([np.stack([q[:, [b + epi.scatter_bits(k, epi.TC_K_COLUMN_BITS) for k in range(16)]]
+    partial = np.stack([np.stack([q[:, [b + hmma.scatter_bits(k, hmma.TC_K_COLUMN_BITS) for k in range(16)]]
                                   @ b_matrix(half) for half in range(2)]) for b in range(8)])  # [b, half, row, n]
     for bit in range(3):
         m = 1 << bit

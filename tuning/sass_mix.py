@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -55,8 +56,6 @@ def cubin_sass(cubin: str) -> str:
 def cubin_resources(cubin: str) -> dict:
     """The one kernel's registers, stack and local memory (cuobjdump -res-usage) and the
     local loads and stores (spills) in its SASS."""
-    import re
-
     usage = subprocess.run([cuda_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True,
                            text=True).stdout
     found = re.findall(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage)
