@@ -146,10 +146,6 @@ def bf16x2_unpack(word: Int32):
     return (word << 16).bitcast(Float32), (word & Int32(-65536)).bitcast(Float32)
 
 
-def round_bf16_pair(lo: Float32, hi: Float32):
-    return bf16x2_unpack(bf16x2_word(lo, hi))
-
-
 @dsl_user_op
 def cvt_e4m3x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Int32:
     """Two fp32 -> two e4m3 bytes (RNE, saturated to +-448), `lo` in bits 0..7."""
@@ -219,13 +215,6 @@ def exp2_neg(e: Int32) -> Float32:
 
 
 @dsl_user_op
-def fma_abs_rn(v: Float32, scale: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
-    """|v| * scale + addend with a single rounding (to nearest even)."""
-    return _f32_asm("{ .reg .f32 t; abs.f32 t, $1; fma.rn.f32 $0, t, $2, $3; }", v, scale, addend,
-                    loc=loc, ip=ip)
-
-
-@dsl_user_op
 def prmt(a: Int32, b: Int32, selector: int, *, loc=None, ip=None) -> Int32:
     """Byte permute: result byte i = byte (selector >> 4i) & 7 of the 8 bytes {b, a}."""
     return Int32(
@@ -241,50 +230,90 @@ def prmt(a: Int32, b: Int32, selector: int, *, loc=None, ip=None) -> Int32:
     )
 
 
-def gather_byte(words: list, byte: int) -> Int32:
-    """Byte `byte` of each of 4 words, in order, as one word (3 byte permutes)."""
+def _i32_asm(ptx: str, *args, loc=None, ip=None) -> Int32:
+    """One 32-bit result from inline PTX over 32-bit integer operands ($0 = result)."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Int32(a).ir_value(loc=loc, ip=ip) for a in args],
+            ptx,
+            ",".join(["=r"] + ["r"] * len(args)),
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def bf16x2_max_abs_nan(m: Int32, w: Int32, *, loc=None, ip=None) -> Int32:
+    """Per half: max(|m|, |w|), NaN-propagating; the sign bits come out as the xor of the
+    operands' (callers mask them off). One instruction for two values."""
+    return _i32_asm("max.NaN.xorsign.abs.bf16x2 $0, $1, $2;", m, w, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def u16x2_max(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
+    """Per 16-bit half: unsigned max (sm_90+)."""
+    return _i32_asm("max.u16x2 $0, $1, $2;", a, b, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def bf16x2_fma(a: Int32, b: Int32, c: Int32, *, loc=None, ip=None) -> Int32:
+    """Per half: a * b + c on bf16 with one rounding (to nearest even)."""
+    return _i32_asm("fma.rn.bf16x2 $0, $1, $2, $3;", a, b, c, loc=loc, ip=ip)
+
+
+def gather_byte(words: list, byte: int, sign_fill: bool = False) -> Int32:
+    """Byte `byte` of each of 4 words, in order, as one word (3 byte permutes); with
+    `sign_fill` each byte comes out as 0xFF or 0x00 after its top bit (prmt's sign mode)."""
     lo = prmt(words[0], words[1], byte | (byte + 4) << 4)
     hi = prmt(words[2], words[3], (byte << 8) | (byte + 4) << 12)
-    return prmt(lo, hi, 0x7610)
+    return prmt(lo, hi, 0xFE98 if sign_fill else 0x7610)
 
 
-class E2M1Block:
-    """Per-block constants for E2M1 codes of y = q * 2^-e (SPEC step 5), |y| <= 6.
+class E2M1PairBlock:
+    """Per-block constants for E2M1 codes of y = q * 2^-e (SPEC step 5, |y| <= 6) on bf16x2
+    words: two values a word, one fma for both.
 
     A code is |y| rounded to the E2M1 grid, whose spacing is 2^s with s = max(E, 0) - 1
-    (E = floor(log2|y|); 0.5 below 2, 1 in [2, 4), 2 in [4, 6]). Adding the magic number
-    M = (1.5 + d / 2^23) * 2^(23 + s), d = 2 * max(E, 0), in one fma rounds |y| to that
-    grid and leaves n + d in the low byte of the sum's bits, n = round(|y| / 2^s), and
-    n + d is the code. M comes from q's exponent field with integer ops. Rounding is to
-    nearest even, which is rne (ties at 0.75, 1.75, 3.5 go to the even code, the others
-    down); floor-ties scales |y| by (1 - 2^-20) first, which moves exact ties below the
-    midpoint and no other value across one (q has 8 significant bits).
-    tests/test_epilogue_model.py checks this against the reference over every bf16 q."""
+    (E = floor(log2|y|); 0.5 below 2, 1 in [2, 4), 2 in [4, 6]). The fma computes
+    2y + M, M = sign(q) * (1 + d / 2^7) * 2^(8 + s), d = 2 * max(E, 0): 2y is exact, the
+    sum rounds once to bf16 with ulp 2^(s + 1), so 2y lands on the grid (2^(s + 1)) and
+    the mantissa is n + d, n = round(|y| / 2^s); n + d is the code (bits 0-2, sign bit
+    15). 2y rather than y keeps the scale 2^(1 - e) a normal bf16 for every finite block.
+    M's bits come from q's exponent field with integer ops on both halves at once (the
+    per-half constants never carry across: every half's true result is in 0..0xFFFF).
+    Rounding is to nearest even, which is rne (ties at 0.75, 1.75, 3.5 go to the even
+    code, the others down); floor-ties scales by (1 - 2^-8) too (exact in bf16), which
+    moves exact ties below the midpoint and no other value across one (q has 8
+    significant bits). tests/test_epilogue_model.py checks this over every bf16 q."""
 
     def __init__(self, e: Int32, rne: bool):
-        self.ck = Int32(0x3F800000) + (e << 23)  # exponent field of 1.0 * 2^e
-        # M's bits = x + k2 + (x - ck) / 2^22 for x = max(exponent field of q, ck)
-        self.kk = Int32((22 << 23) + 0x400000) - (e << 23) - (self.ck >> 22)
-        scale = exp2_neg(e)
-        self.scale = scale if rne else scale * Float32(1.0 - 2.0 ** -20)
+        ck = (Int32(127) + e) << 7  # exponent field of 2^e, in a half
+        self.ck2 = ck * 0x10001
+        self.kk2 = (Int32(134 << 7) - ck - (ck >> 6)) * 0x10001
+        field = ((Int32(128) - e) << 7) if rne else (((Int32(127) - e) << 7) | 0x7F)
+        self.scale2 = field * 0x10001  # bf16 2^(1 - e), times (1 - 2^-8) for floor-ties
 
-    def code_bits(self, v: Float32) -> Int32:
-        """Bits whose low byte is the magnitude code of v (v bf16-valued)."""
-        x = cutlass.max(v.bitcast(Int32) & 0x7F800000, self.ck)
-        magic = x + (x >> 22) + self.kk
-        return fma_abs_rn(v, self.scale, magic.bitcast(Float32)).bitcast(Int32)
+    def code_word(self, w: Int32) -> Int32:
+        """bf16x2 word -> word whose halves hold the two codes (bits 0-2) and signs (15)."""
+        x = u16x2_max(w & 0x7F807F80, self.ck2)  # per half max(exponent of q, of 2^e)
+        magic = (x + (x >> 6) + self.kk2) | (w & -0x7FFF8000)  # q's signs (0x80008000)
+        return bf16x2_fma(w, self.scale2, magic)
 
 
-def nibble_word(code_bits: list, vals: list) -> Int32:
-    """8 E2M1 nibbles -> one word (value i in bits 4i..4i+3): the low byte of code_bits[i],
-    plus the sign bit 3 when vals[i] < 0 and its code is non-zero (no -0). Byte permutes
-    gather 4 codes (or 4 sign bytes) at a time."""
-    mags = gather_byte(code_bits[0::2], 0) | (gather_byte(code_bits[1::2], 0) << 4)
-    even_signs = gather_byte([v.bitcast(Int32) for v in vals[0::2]], 3)  # bits 8j+7
-    odd_signs = gather_byte([v.bitcast(Int32) for v in vals[1::2]], 3)
-    signs = (odd_signs & -0x7F7F7F80) | ((even_signs >> 4) & 0x08080808)  # 0x80808080
-    nonzero = (mags + 0x77777777) & -0x77777778  # bit 4i+3 set iff nibble i != 0 (0x88888888)
-    return mags | (signs & nonzero)
+def nibble_word(code_words: list) -> Int32:
+    """4 E2M1PairBlock words (values 2i, 2i + 1 in word i) -> one word of 8 nibbles
+    (value j in bits 4j..4j+3): the code, plus the sign bit 3 when the value is negative
+    and its code non-zero (no -0). Byte permutes gather 4 codes (or 4 signs) at a time."""
+    even = gather_byte(code_words, 0)  # code bytes of values 0, 2, 4, 6 (bit 7: exponent)
+    odd = gather_byte(code_words, 2)
+    mags = (even & 0x0F0F0F0F) | ((odd << 4) & -0x0F0F0F10)  # 0xF0F0F0F0
+    signs = ((gather_byte(code_words, 1, sign_fill=True) & 0x0F0F0F0F)
+             | (gather_byte(code_words, 3, sign_fill=True) & -0x0F0F0F10))  # 0xF per negative value
+    nonzero = mags + 0x77777777  # bit 4j+3 set iff nibble j != 0
+    return mags | (signs & nonzero & -0x77777778)  # 0x88888888
 
 
 def lane_butterfly(v: Float32, lane_xor: int, sign: Float32) -> Float32:
@@ -316,9 +345,22 @@ def rope_row(vals: list, layout: HeadRowLayout, cos_vals: list, sin_vals: list) 
     return out
 
 
-def hadamard_row(vals: list, layout: HeadRowLayout, lane_in_row) -> list:
-    """SPEC step 4: Sylvester Hadamard-128, butterflies over column bit 0, 1, ..., 6,
-    fp32, then one multiply by fp32(128^-0.5) and a bf16 rounding."""
+def rope_row_words(words: list, layout: HeadRowLayout, cos_vals: list, sin_vals: list) -> list:
+    """rope_row on bf16x2 words (word p: locals 2p, 2p + 1); the other words pass as they are."""
+    out = list(words)
+    for k, (local, _) in enumerate(layout.rope_pairs()):
+        x, y = bf16x2_unpack(words[local // 2])
+        out[local // 2] = rope_pair_word(x, y, cos_vals[k], sin_vals[k])
+    return out
+
+
+def unpack_words(words: list) -> list:
+    return [v for w in words for v in bf16x2_unpack(w)]
+
+
+def hadamard_sums(vals: list, layout: HeadRowLayout, lane_in_row) -> list:
+    """SPEC step 4's sums: Sylvester Hadamard-128 as butterflies over column bit 0, 1,
+    ..., 6, in fp32 (hadamard_scale_round finishes the step)."""
     cur = list(vals)
     for b in range(7):
         lm = layout.local_mask(b)
@@ -335,18 +377,17 @@ def hadamard_row(vals: list, layout: HeadRowLayout, lane_in_row) -> list:
             xm = layout.lane_mask(b)
             sign = sel_f32((lane_in_row & xm) != 0, -1.0, 1.0)
             cur = [lane_butterfly(v, xm, sign) for v in cur]
-    return hadamard_scale_round(cur)
+    return cur
 
 
-def hadamard_scale_round(vals: list) -> list:
-    """SPEC step 4's end on the fp32 sums: times fp32(128^-0.5), rounded to bf16."""
-    out = []
-    for i in range(0, len(vals), 2):
-        out.extend(round_bf16_pair(vals[i] * HADAMARD_SCALE, vals[i + 1] * HADAMARD_SCALE))
-    return out
+def hadamard_scale_round(sums: list) -> list:
+    """SPEC step 4's end on the fp32 sums: times fp32(128^-0.5), rounded to bf16, as
+    bf16x2 words (word p: sums 2p, 2p + 1)."""
+    return [bf16x2_word(sums[i] * HADAMARD_SCALE, sums[i + 1] * HADAMARD_SCALE) for i in range(0, len(sums), 2)]
 
 
 def absmax_over(vals: list, locals_: tuple, lane_masks: tuple) -> Float32:
+    """max(max |v|, AMAX_FLOOR) over fp32 `vals[locals_]` and the lanes `lane_masks` reach."""
     m = Float32(0.0)
     for local in range(len(locals_)):
         m = fmax_abs_nan(m, vals[locals_[local]])
@@ -355,32 +396,47 @@ def absmax_over(vals: list, locals_: tuple, lane_masks: tuple) -> Float32:
     return fmax_nan(m, Float32(AMAX_FLOOR))
 
 
+def absmax_words(words: list, lane_masks: tuple) -> Float32:
+    """max(max |q|, AMAX_FLOOR) over bf16x2 `words` and the lanes `lane_masks` reach,
+    NaN-propagating, as fp32 (exact: a bf16 value)."""
+    m = Int32(0)
+    for w in words:
+        m = bf16x2_max_abs_nan(m, w)
+    for xm in lane_masks:
+        m = bf16x2_max_abs_nan(m, cute.arch.shuffle_sync_bfly(m, offset=xm))
+    lo = ((m << 16) & 0x7FFFFFFF).bitcast(Float32)
+    hi = (m & 0x7FFF0000).bitcast(Float32)
+    return fmax_nan(fmax_nan(lo, hi), Float32(AMAX_FLOOR))
+
+
 def _lane_masks_below(layout: HeadRowLayout, nbits: int) -> tuple:
     return tuple(layout.lane_mask(b) for b in range(nbits) if layout.lane_mask(b))
 
 
-def _block_groups(layout: HeadRowLayout) -> dict:
-    """Local indices grouped by the MXFP4 block they fall in, keyed by the block's static
-    column (the lane bits of the column add to it at run time)."""
+def _block_pairs(layout: HeadRowLayout) -> dict:
+    """Local pair (word) indices grouped by the MXFP4 block they fall in, keyed by the
+    block's static column (the lane bits of the column add to it at run time). A pair's
+    two columns differ in bit 0 only, so they share a block."""
     groups: dict = {}
-    for l in range(layout.num_local):
-        groups.setdefault(layout.column_static(l) >> 5 << 5, []).append(l)
+    for p in range(layout.num_local // 2):
+        groups.setdefault(layout.column_static(2 * p) >> 5 << 5, []).append(p)
     return groups
 
 
-def mxfp4_row(vals: list, layout: HeadRowLayout, lane_in_row, rne: bool):
-    """SPEC step 5 on one head row. Returns (words, scale_word): words[w] holds the 8
-    nibbles of locals 8w..8w+7 (consecutive columns in every layout here), scale_word the
-    four UE8M0 bytes, little-endian, in every lane of the row."""
-    code_bits = [Int32(0)] * layout.num_local
+def mxfp4_row(words: list, layout: HeadRowLayout, lane_in_row, rne: bool):
+    """SPEC step 5 on one head row of bf16x2 words (word p: locals 2p, 2p + 1). Returns
+    (nibble_words, scale_word): nibble_words[w] holds the 8 nibbles of locals 8w..8w+7
+    (consecutive columns in every layout here), scale_word the four UE8M0 bytes,
+    little-endian, in every lane of the row."""
+    code_words = [Int32(0)] * len(words)
     scale_word = Int32(0)
     lane_cols = layout.column_lane_bits(lane_in_row)
-    for block_static, locals_ in _block_groups(layout).items():
-        amax = absmax_over(vals, tuple(locals_), _lane_masks_below(layout, 5))
+    for block_static, pairs in _block_pairs(layout).items():
+        amax = absmax_words([words[p] for p in pairs], _lane_masks_below(layout, 5))
         e = ceil_log2_of_ratio(amax, FP4_MAX)
-        blk = E2M1Block(e, rne)
-        for l in locals_:
-            code_bits[l] = blk.code_bits(vals[l])
+        blk = E2M1PairBlock(e, rne)
+        for p in pairs:
+            code_words[p] = blk.code_word(words[p])
         block = (lane_cols + block_static) >> 5
         scale_word = scale_word | (((e + 127) & 0xFF) << (block * 8))
     for b in range(5, 7):  # gather the bytes of blocks held by other lanes of the row
@@ -388,30 +444,25 @@ def mxfp4_row(vals: list, layout: HeadRowLayout, lane_in_row, rne: bool):
             scale_word = scale_word | cute.arch.shuffle_sync_bfly(scale_word, offset=layout.lane_mask(b))
     assert all(layout.column_static(8 * w + i) == layout.column_static(8 * w) + i
                for w in range(layout.num_local // 8) for i in range(8))
-    words = [nibble_word(code_bits[8 * w:8 * w + 8], vals[8 * w:8 * w + 8]) for w in range(layout.num_local // 8)]
-    return words, scale_word
+    nibble_words = [nibble_word(code_words[4 * w:4 * w + 4]) for w in range(len(words) // 4)]
+    return nibble_words, scale_word
 
 
-def fp8_row(vals: list, layout: HeadRowLayout, scaled: bool):
-    """SPEC step 6 on one head row. Returns (pairs, e): `pairs[p]` holds the two e4m3
-    bytes of local pair p in its low 16 bits; e is the head's exponent (0 if unscaled)."""
+def fp8_row(words: list, layout: HeadRowLayout, scaled: bool):
+    """SPEC step 6 on one head row of bf16x2 words. Returns (pairs, e): `pairs[p]` holds
+    the two e4m3 bytes of local pair p in its low 16 bits; e is the head's exponent (0 if
+    unscaled)."""
     e = Int32(0)
     inv = Float32(1.0)
     if (scaled):
-        all_locals = tuple(range(layout.num_local))
-        amax = absmax_over(vals, all_locals, _lane_masks_below(layout, 7))
+        amax = absmax_words(words, _lane_masks_below(layout, 7))
         e = ceil_log2_of_ratio(amax, FP8_MAX)
         inv = exp2_neg(e)
-    pairs = [
-        cvt_e4m3x2(vals[2 * p] * inv, vals[2 * p + 1] * inv) for p in range(layout.num_local // 2)
-    ]
+    pairs = []
+    for w in words:
+        lo, hi = bf16x2_unpack(w)
+        pairs.append(cvt_e4m3x2(lo * inv, hi * inv))
     return pairs, e
-
-
-def bf16_row(vals: list) -> list:
-    """out_format="bf16": word p holds locals 2p (low half) and 2p + 1 as bf16; exact,
-    the values being bf16 already."""
-    return [bf16x2_word(vals[2 * p], vals[2 * p + 1]) for p in range(len(vals) // 2)]
 
 
 # ---------------------------------------------------------------- row I/O, whole row
@@ -489,27 +540,38 @@ def store_row(layout: HeadRowLayout, out_format_id: int, row, m, head, lane_in_r
                      scale_word, ok & (lane_in_row == 0))
 
 
-def head_row_epilogue(vals: list, layout: HeadRowLayout, lane_in_row, cos_sin_vals, config, row, m,
+def rope_hadamard(words: list, layout: HeadRowLayout, lane_in_row, cos_sin_vals, hadamard: bool,
+                  hadamard_sums_fn=None) -> list:
+    """SPEC steps 3-4 on one head row of bf16x2 words (word p: locals 2p, 2p + 1), to
+    bf16x2 words. Without the Hadamard only the RoPE pairs are unpacked.
+    `hadamard_sums_fn(vals)`: an arch's own Hadamard sums (default hadamard_sums)."""
+    if not hadamard:
+        return rope_row_words(words, layout, cos_sin_vals[0], cos_sin_vals[1])
+    vals = rope_row(unpack_words(words), layout, cos_sin_vals[0], cos_sin_vals[1])
+    sums = hadamard_sums_fn(vals) if hadamard_sums_fn else hadamard_sums(vals, layout, lane_in_row)
+    return hadamard_scale_round(sums)
+
+
+def head_row_epilogue(words: list, layout: HeadRowLayout, lane_in_row, cos_sin_vals, config, row, m,
                       head, out_q, out_scale) -> None:
-    """SPEC steps 3-6 on one head row of bf16-valued fp32 `vals` and its stores: what
-    every arch's kernel runs once it holds a row (`config`: a kernels.gemm_base.GemmConfig)."""
-    vals = rope_row(vals, layout, cos_sin_vals[0], cos_sin_vals[1])
-    if config.hadamard:
-        vals = hadamard_row(vals, layout, lane_in_row)
-    quantize_store_row(vals, layout, lane_in_row, config, row, m, head, out_q, out_scale)
+    """SPEC steps 3-6 on one head row of bf16x2 words (word p: locals 2p, 2p + 1) and its
+    stores: what every arch's kernel runs once it holds a row (`config`: a
+    kernels.gemm_base.GemmConfig)."""
+    words = rope_hadamard(words, layout, lane_in_row, cos_sin_vals, config.hadamard)
+    quantize_store_row(words, layout, lane_in_row, config, row, m, head, out_q, out_scale)
 
 
-def quantize_store_row(vals: list, layout: HeadRowLayout, lane_in_row, config, row, m, head, out_q,
+def quantize_store_row(words: list, layout: HeadRowLayout, lane_in_row, config, row, m, head, out_q,
                        out_scale, vector: bool = False) -> None:
-    """SPEC steps 5-6 on one head row of bf16-valued fp32 `vals` (after RoPE and the
-    optional Hadamard) and its stores ("bf16": the row itself, no quantization)."""
+    """SPEC steps 5-6 on one head row of bf16x2 words (after RoPE and the optional
+    Hadamard) and its stores ("bf16": the words themselves, no quantization)."""
     lane_cols = layout.column_lane_bits(lane_in_row)
     if config.out_format_id == OUT_MXFP4:
-        packed, scale_word = mxfp4_row(vals, layout, lane_in_row, config.rne)
+        packed, scale_word = mxfp4_row(words, layout, lane_in_row, config.rne)
     elif config.out_format_id == OUT_BF16:
-        packed, scale_word = bf16_row(vals), Int32(0)  # no scale
+        packed, scale_word = list(words), Int32(0)  # no scale
     else:
-        packed, e = fp8_row(vals, layout, config.out_format_id == OUT_FP8)
+        packed, e = fp8_row(words, layout, config.out_format_id == OUT_FP8)
         scale_word = (e + 127) << 23  # fp32 bits of 2^e
     store_row(layout, config.out_format_id, row, m, head, lane_in_row, lane_cols, packed, scale_word,
               out_q, out_scale, vector)

@@ -223,8 +223,8 @@ class Sm90EpilogueRoles:
     def _tc_hadamard_quantize(self, sums, quad_lane, row0, m, head, out_q, out_scale):
         """Scale, bf16, quantize and store the chunk's two rows a thread (row0, row0 + 8)."""
         for h in range(2):
-            vals = epi.hadamard_scale_round(sums[h])
-            epi.quantize_store_row(vals, hmma.SM90_MMA_HADAMARD_OUT_LAYOUT, quad_lane, self.config, row0 + 8 * h, m,
+            words = epi.hadamard_scale_round(sums[h])
+            epi.quantize_store_row(words, hmma.SM90_MMA_HADAMARD_OUT_LAYOUT, quad_lane, self.config, row0 + 8 * h, m,
                                    head, out_q, out_scale, vector=True)
 
     @cute.jit
@@ -258,8 +258,8 @@ class Sm90EpilogueRoles:
             epi.store_row(layout, epi.OUT_BF16, row, m, head, lane_in_row, lane_cols, words, Int32(0), out_q,
                           None, vector=True)
         else:
-            vals = self._load_row(sQ, buf, r, layout, lane_cols)
-            epi.head_row_epilogue(vals, layout, lane_in_row, cs, self.config, row, m, head, out_q, out_scale)
+            words = self._load_row(sQ, buf, r, layout, lane_cols)
+            epi.head_row_epilogue(words, layout, lane_in_row, cs, self.config, row, m, head, out_q, out_scale)
 
     def _cos_sin(self, layout, row, m, num_pos, positions, cos_sin, lane_cols):
         """Row `row`'s cos/sin for this thread's RoPE pairs; None where the kernel stores the
@@ -269,9 +269,6 @@ class Sm90EpilogueRoles:
         return epi.load_cos_sin(layout, row, m, num_pos, positions, cos_sin, lane_cols)
 
     def _load_row(self, sQ, buf, r, layout, lane_cols):
-        """The thread's 32 bf16 values of row r (local order), as exact fp32."""
-        vals = [None] * layout.num_local
-        for local in range(0, layout.num_local, 2):
-            word = (lane_cols + layout.column_static(local)) >> 1
-            vals[local], vals[local + 1] = epi.bf16x2_unpack(sQ[buf, r, swizzled_word(r, word)])
-        return vals
+        """The thread's bf16 values of row r as bf16x2 words (word p: locals 2p, 2p + 1)."""
+        return [sQ[buf, r, swizzled_word(r, (lane_cols + layout.column_static(local)) >> 1)]
+                for local in range(0, layout.num_local, 2)]

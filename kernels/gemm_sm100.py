@@ -56,12 +56,9 @@ def sf_atom_offset(row: int, k_block32: int, k: int) -> int:
             + (row % 32) * 16 + ((row // 32) % 4) * 4 + k_block32 % 4)
 
 
-def _bf16_row(regs) -> list:
-    """A row of fp32 accumulator registers, rounded to bf16 (as exact fp32), as a list."""
-    out = []
-    for c in range(0, epi.HEAD_DIM, 2):
-        out.extend(epi.round_bf16_pair(regs[c], regs[c + 1]))
-    return out
+def _bf16_words(regs) -> list:
+    """A row of fp32 accumulator registers, rounded to bf16, as bf16x2 words."""
+    return [epi.bf16x2_word(regs[c], regs[c + 1]) for c in range(0, epi.HEAD_DIM, 2)]
 
 
 # ---------------------------------------------------------------- packed fp32x2 arithmetic
@@ -83,16 +80,17 @@ def _f32x2(op: str, a0: Float32, a1: Float32, b0: Float32, b1: Float32, *, loc=N
             Float32(llvm.extractvalue(T.f32(), pair, [1], loc=loc, ip=ip)))
 
 
-_round_pair = epi.round_bf16_pair  # (a name here, so a CPU test can model the row in numpy)
+_bf16_word = epi.bf16x2_word  # (a name here, so a CPU test can model the row in numpy)
 
 
 def hadamard_row_packed(vals: list) -> list:
     """SPEC step 4 on a whole row in one thread (SM100_ROW_LAYOUT), bit for bit
-    epi.hadamard_row's: the butterflies over column bit 0 one by one, then those over bits
-    1..6 two at a time as packed fp32x2 adds (columns 2j and 2j + 1 side by side: each
-    stage's pairs keep that packing), then fp32(128^-0.5) as packed multiplies and the bf16
-    rounding. Every value sees the same fp32 operations in the same order as the
-    reference's; only the instruction count changes (7 x 128 adds -> 128 + 6 x 64)."""
+    epi.hadamard_sums + epi.hadamard_scale_round: the butterflies over column bit 0 one by
+    one, then those over bits 1..6 two at a time as packed fp32x2 adds (columns 2j and
+    2j + 1 side by side: each stage's pairs keep that packing), then fp32(128^-0.5) as
+    packed multiplies and the bf16 rounding, to bf16x2 words. Every value sees the same
+    fp32 operations in the same order as the reference's; only the instruction count
+    changes (7 x 128 adds -> 128 + 6 x 64)."""
     n = len(vals)
     cur = list(vals)
     for i in range(0, n, 2):  # bit 0: within a packed pair
@@ -109,21 +107,19 @@ def hadamard_row_packed(vals: list) -> list:
     out = []
     for i in range(0, n, 2):
         lo, hi = _f32x2("mul", cur[i], cur[i + 1], s, s)
-        out.extend(_round_pair(lo, hi))
+        out.append(_bf16_word(lo, hi))
     return out
 
 
-def row_epilogue(vals: list, cos_sin_vals, config: GemmConfig, row, m, head, out_q, out_scale) -> None:
+def row_epilogue(words: list, cos_sin_vals, config: GemmConfig, row, m, head, out_q, out_scale) -> None:
     """SPEC steps 3-6 on one head row held whole by this thread (SM100_ROW_LAYOUT) and its
     stores: epi.head_row_epilogue's steps, with the Hadamard as hadamard_row_packed and the
     q stores 16 bytes wide (the row's words are 16 (MXFP4), 32 (FP8) or 64 (bf16) consecutive
     words from a 16-byte aligned head offset: _store_row_v4's precondition)."""
     layout = epi.SM100_ROW_LAYOUT
     zero = Int32(0)
-    vals = epi.rope_row(vals, layout, cos_sin_vals[0], cos_sin_vals[1])
-    if config.hadamard:
-        vals = hadamard_row_packed(vals)
-    epi.quantize_store_row(vals, layout, zero, config, row, m, head, out_q, out_scale, vector=True)
+    words = epi.rope_hadamard(words, layout, zero, cos_sin_vals, config.hadamard, hadamard_row_packed)
+    epi.quantize_store_row(words, layout, zero, config, row, m, head, out_q, out_scale, vector=True)
 
 
 def sf_tmem_tensors(tiled_mma, mma_tiler, acc, sfa_smem_staged, sfb_smem_staged):
@@ -575,7 +571,7 @@ class Sm100FusedIndexerQ(FusedIndexerQGemmBase):
             acc_pipeline.consumer_release(acc_state)  # the MMA warp may reuse this stage now
             for _ in cutlass.range_constexpr(wgs):
                 acc_state.advance()
-            vals = _bf16_row(regs)  # SPEC step 2's bf16 rounding
-            row_epilogue(vals, cs, self.config, row, m, tile[1], out_q, out_scale)
+            words = _bf16_words(regs)  # SPEC step 2's bf16 rounding
+            row_epilogue(words, cs, self.config, row, m, tile[1], out_q, out_scale)
             sched.advance_to_next_work(advance_count=wgs)
             work = sched.get_current_work()

@@ -200,5 +200,5 @@ class Sm100SwapABFusedIndexerQ(Sm100FusedIndexerQ):
 
     def _row_epilogue(self, sQ, r, cs, row0, m, head, out_q, out_scale):
         """SPEC steps 3-6 on token row r of the tile (one whole row a thread)."""
-        vals = [v for w in range(WORDS_PER_ROW) for v in epi.bf16x2_unpack(sQ[r, swizzled_word(r, w)])]
-        row_epilogue(vals, cs, self.config, row0 + r, m, head, out_q, out_scale)  # 16-byte stores
+        words = [sQ[r, swizzled_word(r, w)] for w in range(WORDS_PER_ROW)]
+        row_epilogue(words, cs, self.config, row0 + r, m, head, out_q, out_scale)  # 16-byte stores

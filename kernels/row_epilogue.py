@@ -92,5 +92,5 @@ class RowEpilogue:
             loaded.append((row, head, words, cs))
         for it in cutlass.range_constexpr(self.items):
             row, head, words, cs = loaded[it]
-            vals = [v for w in words for v in epi.bf16x2_unpack(w.bitcast(cutlass.Int32))]
-            epi.head_row_epilogue(vals, layout, lane_in_row, cs, self.config, row, m, head, out_q, out_scale)
+            words = [w.bitcast(cutlass.Int32) for w in words]
+            epi.head_row_epilogue(words, layout, lane_in_row, cs, self.config, row, m, head, out_q, out_scale)

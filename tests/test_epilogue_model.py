@@ -28,21 +28,77 @@ def ceil_log2_of_ratio(amax: np.ndarray, divisor: float) -> np.ndarray:
     return np.where(bits >= 0x7F800000, 128, e)
 
 
-def e2m1_nibbles(q: np.ndarray, e: int, rne: bool) -> np.ndarray:
-    """kernels.epilogue.E2M1Block.code_bits + nibble_word's sign rule, in numpy."""
-    qb = q.view(np.int32).astype(np.int64)
-    ck = 0x3F800000 + (e << 23)
-    kk = (22 << 23) + 0x400000 - (e << 23) - (ck >> 22)
-    x = np.maximum(qb & 0x7F800000, ck)
-    magic = (x + (x >> 22) + kk).astype(np.int32).view(np.float32)
-    scale = np.float32(2.0 ** -e)
-    if not rne:
-        scale = scale * np.float32(1.0 - 2.0 ** -20)
-    # one fma: |q| * scale is exact in float64 and the sum rounds once to fp32 (the
-    # products that are not exact in float64 are far below every rounding boundary)
-    t = (np.abs(q).astype(np.float64) * np.float64(scale) + magic.astype(np.float64)).astype(np.float32)
-    code = t.view(np.int32) & 0xFF
-    return code | (((qb < 0) & (code != 0)).astype(np.int32) << 3)
+M32 = 0xFFFFFFFF
+
+
+def _round_bf16_rne(x: np.ndarray) -> np.ndarray:
+    """float64 -> the nearest bf16 (ties to even) as float64, for |x| >= 2^-100 or 0."""
+    m, ex = np.frexp(x)
+    return np.ldexp(np.rint(m * 256.0), ex - 8)
+
+
+def _bf16x2_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fma.rn.bf16x2 on uint32 words: per half, a * b + c with one rounding. The product
+    of two 8-bit significands is exact in float64, and the sums here round at the
+    magic number's ulp, far above float64's."""
+    out = np.zeros_like(a)
+    for shift in (0, 16):
+        def half(w):
+            return ((((w >> shift) & 0xFFFF) << 16).astype(np.uint32)).view(np.float32).astype(np.float64)
+        r = _round_bf16_rne(half(a) * half(b) + half(c)).astype(np.float32).view(np.uint32).astype(np.int64)
+        out |= ((r >> 16) & 0xFFFF) << shift
+    return out
+
+
+def e2m1_code_words(words: np.ndarray, e: int, rne: bool) -> np.ndarray:
+    """kernels.epilogue.E2M1PairBlock.code_word on uint32 bf16x2 words, op for op (32-bit
+    integer arithmetic on both halves at once, as the kernel does)."""
+    ck = (127 + e) << 7
+    ck2 = (ck * 0x10001) & M32
+    kk2 = (((134 << 7) - ck - (ck >> 6)) * 0x10001) & M32
+    field = ((128 - e) << 7) if rne else (((127 - e) << 7) | 0x7F)
+    scale2 = (field * 0x10001) & M32
+    x0 = words & 0x7F807F80
+    x = np.maximum(x0 & 0xFFFF, ck2 & 0xFFFF) | (np.maximum(x0 >> 16, ck2 >> 16) << 16)  # max.u16x2
+    magic = ((x + (x >> 6) + kk2) & M32) | (words & 0x80008000)
+    return _bf16x2_fma(words, np.full_like(words, scale2), magic)
+
+
+def _gather_byte(w: list, byte: int, sign_fill: bool = False) -> np.ndarray:
+    out = np.zeros_like(w[0])
+    for i in range(4):
+        b = (w[i] >> (8 * byte)) & 0xFF
+        if sign_fill:
+            b = np.where(b & 0x80, 0xFF, 0)
+        out |= b << (8 * i)
+    return out
+
+
+def nibble_word(code_words: list) -> np.ndarray:
+    """kernels.epilogue.nibble_word in numpy."""
+    even, odd = _gather_byte(code_words, 0), _gather_byte(code_words, 2)
+    mags = (even & 0x0F0F0F0F) | ((odd << 4) & 0xF0F0F0F0)
+    signs = (_gather_byte(code_words, 1, True) & 0x0F0F0F0F) | (_gather_byte(code_words, 3, True) & 0xF0F0F0F0)
+    nonzero = (mags + 0x77777777) & M32
+    return mags | (signs & nonzero & 0x88888888)
+
+
+def e2m1_nibbles(q: np.ndarray, e: int, rne: bool, rng) -> np.ndarray:
+    """The kernel's signed E2M1 nibble of every value of q (float32, bf16-valued, a
+    multiple of 8 of them), each value paired in a word with a random other one and
+    packed with 7 random others, as the kernel's words and nibble words hold them."""
+    n = q.size
+    perm = rng.permutation(n)
+    bits = (q.view(np.uint32).astype(np.int64) >> 16) & 0xFFFF
+    lo, hi = bits[perm[: n // 2]], bits[perm[n // 2:]]
+    codes = e2m1_code_words(lo | (hi << 16), e, rne)  # word i: values perm[i], perm[n/2 + i]
+    groups = codes.reshape(-1, 4)
+    packed = nibble_word([groups[:, i] for i in range(4)])
+    out = np.zeros(n, dtype=np.int64)
+    for i in range(4):  # word i of a group holds nibbles 2i (low half) and 2i + 1
+        for h, src in ((0, perm[: n // 2]), (1, perm[n // 2:])):
+            out[src.reshape(-1, 4)[:, i]] = (packed >> (4 * (2 * i + h))) & 0xF
+    return out
 
 
 def _all_finite_bf16() -> np.ndarray:
@@ -67,14 +123,19 @@ def test_division_free_exponent_matches_reference(divisor):
 
 @pytest.mark.parametrize("rounding", ["floor-ties", "rne"])
 def test_magic_number_e2m1_matches_reference_for_every_bf16(rounding):
+    """Every finite bf16 q, for every block exponent e that a block holding it can have
+    (|q| <= 6 * 2^e, e from the amax floor's -15 up to 126, the largest a finite bf16
+    amax gives), through the kernel's bf16x2 code words and nibble packing."""
     q = _all_finite_bf16()
+    rng = np.random.default_rng(0)
     checked = 0
-    for e in range(-20, 21):
-        qq = q[np.abs(q) <= np.float32(6.0 * 2.0 ** e)]  # the block's exponent bounds |q|
-        y = torch.from_numpy(qq) * (2.0 ** -e)
+    for e in list(range(-16, 21)) + [60, 120, 125, 126]:
+        qq = q[np.abs(q).astype(np.float64) <= 6.0 * 2.0 ** e]  # the block's exponent bounds |q|
+        qq = qq[: qq.size // 8 * 8]
+        y = torch.from_numpy(qq.astype(np.float64) * 2.0 ** -e)
         mag = ref.e2m1_codes(y.abs(), rounding).numpy().astype(np.int64)
         want = mag | (((qq < 0) & (mag != 0)).astype(np.int64) << 3)
-        got = e2m1_nibbles(qq, e, rounding == "rne")
+        got = e2m1_nibbles(qq, e, rounding == "rne", rng)
         bad = np.nonzero(got != want)[0]
         assert bad.size == 0, (e, qq[bad[:5]], want[bad[:5]], got[bad[:5]])
         checked += qq.size

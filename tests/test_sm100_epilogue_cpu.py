@@ -32,12 +32,12 @@ def test_packed_hadamard_is_the_reference_butterfly(monkeypatch):
         f = ops[op]
         return f(a0, np.float32(b0)), f(a1, np.float32(b1))
 
-    def round_pair(lo, hi):
+    def bf16_word(lo, hi):  # a word modelled as its two bf16 values
         return tuple(torch.from_numpy(np.asarray(v, dtype=np.float32)).to(torch.bfloat16).float().numpy()
                      for v in (lo, hi))
 
     monkeypatch.setattr(k, "_f32x2", f32x2)
-    monkeypatch.setattr(k, "_round_pair", round_pair)
+    monkeypatch.setattr(k, "_bf16_word", bf16_word)
     g = torch.Generator().manual_seed(0)
     scales = torch.pow(2.0, torch.randint(-12, 12, (4096, 128), generator=g).float())
     rows = torch.randn(4096, 128, generator=g) * scales
@@ -46,7 +46,8 @@ def test_packed_hadamard_is_the_reference_butterfly(monkeypatch):
     q = rows.to(torch.bfloat16)
     want = R.hadamard_128(q).view(torch.int16)
     cols = [q[:, c].float().numpy() for c in range(128)]  # one value a column, all rows at once
-    got = torch.stack([torch.from_numpy(np.asarray(v, dtype=np.float32)) for v in k.hadamard_row_packed(cols)], 1)
+    words = k.hadamard_row_packed(cols)
+    got = torch.stack([torch.from_numpy(np.asarray(v, dtype=np.float32)) for w in words for v in w], 1)
     assert torch.equal(got.to(torch.bfloat16).view(torch.int16), want)
     for order in ([6, 5, 4, 3, 2, 1, 0], [0, 2, 1, 3, 4, 5, 6]):  # the data tells orders apart
         assert not torch.equal(_other_order(q, order).view(torch.int16), want), order
