@@ -541,15 +541,17 @@ def store_row(layout: HeadRowLayout, out_format_id: int, row, m, head, lane_in_r
 
 
 def rope_hadamard(words: list, layout: HeadRowLayout, lane_in_row, cos_sin_vals, hadamard: bool,
-                  hadamard_sums_fn=None) -> list:
+                  hadamard_fn=None) -> list:
     """SPEC steps 3-4 on one head row of bf16x2 words (word p: locals 2p, 2p + 1), to
     bf16x2 words. Without the Hadamard only the RoPE pairs are unpacked.
-    `hadamard_sums_fn(vals)`: an arch's own Hadamard sums (default hadamard_sums)."""
+    `hadamard_fn(vals) -> words`: an arch's own step 4 (default hadamard_sums, then
+    hadamard_scale_round)."""
     if not hadamard:
         return rope_row_words(words, layout, cos_sin_vals[0], cos_sin_vals[1])
     vals = rope_row(unpack_words(words), layout, cos_sin_vals[0], cos_sin_vals[1])
-    sums = hadamard_sums_fn(vals) if hadamard_sums_fn else hadamard_sums(vals, layout, lane_in_row)
-    return hadamard_scale_round(sums)
+    if hadamard_fn is not None:
+        return hadamard_fn(vals)
+    return hadamard_scale_round(hadamard_sums(vals, layout, lane_in_row))
 
 
 def head_row_epilogue(words: list, layout: HeadRowLayout, lane_in_row, cos_sin_vals, config, row, m,
