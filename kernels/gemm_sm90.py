@@ -33,9 +33,11 @@ from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROU
                          Sm90KernelBase, add_partials, issue_wgmmas, opaque_stage, reduce_tensor, send_partial,
                          shared_storage)
 
-# The epilogue's lanes a row by its warpgroup count: 4 (32 values a thread), or 8 (16
-# values) so that two warpgroups fit the registers one had.
-EPI_LANES_PER_ROW = {1: 4, 2: 8}
+# The epilogue's lanes a row by its warpgroup count: 4 (32 values a thread) with one or two
+# (two at 72 registers a thread, beside consumers at 152, without spills). 8 lanes a row
+# (16 values) take ~4.5 more instructions a value in cross-lane butterflies and amax
+# (NOTES version 89).
+EPI_LANES_PER_ROW = {1: 4, 2: 4}
 # Weight blocks a 128-row tile requests before the PDL wait: more compete for DRAM with the
 # activation quantizer the wait is for (3 against 5: 0.1-0.8 us at M = 128-4096, NOTES 70, 73).
 EARLY_WEIGHT_BLOCKS_TILE128 = 3

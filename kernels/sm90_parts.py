@@ -228,7 +228,8 @@ class Sm90KernelBase(FusedIndexerQGemmBase):
         if self.num_consumers == 1:
             self.consumer_regs = 232
         else:  # two accumulators of 64 a thread, plus addressing
-            self.consumer_regs = 168 if self.epi_wgs == 1 else 160  # 152 spills
+            # two epilogue warpgroups: 72 registers each (their rows at 4 lanes, no spills)
+            self.consumer_regs = 168 if self.epi_wgs == 1 else 152
         rest = pool - WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs)
         self.epilogue_regs = min(160 if self.tc_hadamard else 128, rest // (WARPGROUP * self.epi_wgs) // 8 * 8)
         total = WARPGROUP * (self.producer_regs + self.num_consumers * self.consumer_regs
