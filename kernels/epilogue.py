@@ -83,7 +83,7 @@ class HeadRowLayout:
 SM90_EPI_ROW_LAYOUT = HeadRowLayout(
     (("local", 0), ("local", 1), ("local", 2), ("local", 3), ("lane", 0), ("lane", 1), ("local", 4))
 )
-# With two epilogue warpgroups, 8 lanes a row: lane L holds columns 8L + {0..7} and
+# 8 lanes a row (the swapped-A/B kernel's epilogue): lane L holds columns 8L + {0..7} and
 # 64 + 8L + {0..7} (16 values, to fit half the registers); an MXFP4 block spans 4 lanes.
 SM90_EPI8_ROW_LAYOUT = HeadRowLayout(
     (("local", 0), ("local", 1), ("local", 2), ("lane", 0), ("lane", 1), ("lane", 2), ("local", 3))

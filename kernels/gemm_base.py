@@ -45,13 +45,13 @@ class GemmConfig:
     # then waits for that grid before touching the activation or its scales.
     pdl: bool = True
     # Warpgroups running the epilogue (RoPE, Hadamard, quantization) beside the mainloop.
-    # It is latency-bound with one warp per SM sub-partition; two halve each thread's
-    # share of a row (8 lanes a row instead of 4) so that twice the warps fit the registers.
+    # It is latency-bound with one warp per SM sub-partition; two give twice the warps in
+    # the registers one had (sm_90a native: 4 lanes a row at 72 registers a thread; the
+    # swapped-A/B kernel: 8 lanes a row).
     epilogue_warpgroups: int = 1
-    # The Hadamard as a bf16 MMA against the +-1 matrix (columns permuted so each thread
-    # gets whole MXFP4 blocks) instead of a butterfly of shuffles; needs one epilogue
-    # warpgroup (its registers hold a 64-row accumulator) and 32 KB of shared memory.
-    # Ignored without the Hadamard.
+    # The Hadamard's H16 factor as bf16 mma.sync against a +-1 matrix held in registers
+    # (H8 a butterfly in registers; each thread ends with whole MXFP4 blocks) instead of a
+    # butterfly of shuffles; needs one epilogue warpgroup. Ignored without the Hadamard.
     tensor_core_hadamard: bool = False
     # swap_ab: the kernel quantizes the activation itself (SPEC step 1, the act_quant
     # kernel's arithmetic) into shared memory in the layout its MMA reads, while the

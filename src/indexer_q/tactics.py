@@ -35,7 +35,7 @@ class Tactic:
     pipelined_promotion: bool = False  # promote block k under block k+1's WGMMAs (native tile_m 64, swap_ab <= 32)
     split_k: int = 1
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
-    epilogue_warpgroups: int = 1  # 2: twice the epilogue warps, 8 lanes a row
+    epilogue_warpgroups: int = 1  # 2: twice the epilogue warps (see GemmConfig)
     tensor_core_hadamard: bool = False  # the Hadamard as a bf16 MMA (one epilogue warpgroup)
     # swap_ab: the kernel quantizes the activation itself (one launch instead of two)
     fused_act_quant: bool = False
