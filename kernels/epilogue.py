@@ -101,14 +101,16 @@ def sel_f32(cond, a, b) -> Float32:
     return Float32(cutlass.select_(cond, Float32(a), Float32(b)))
 
 
-def _f32_asm(ptx: str, *args, loc=None, ip=None) -> Float32:
-    """One fp32 result from inline PTX over fp32 operands ($0 = result, $1.. = args)."""
-    return Float32(
+def _scalar_asm(dtype, ptx: str, *args, loc=None, ip=None):
+    """One `dtype` result (Float32 or Int32) from inline PTX over operands of that type
+    ($0 = result, $1.. = args)."""
+    ir_type, reg = (T.f32(), "f") if dtype is Float32 else (T.i32(), "r")
+    return dtype(
         llvm.inline_asm(
-            T.f32(),
-            [Float32(a).ir_value(loc=loc, ip=ip) for a in args],
+            ir_type,
+            [dtype(a).ir_value(loc=loc, ip=ip) for a in args],
             ptx,
-            ",".join(["=f"] + ["f"] * len(args)),
+            ",".join([f"={reg}"] + [reg] * len(args)),
             has_side_effects=False,
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -119,19 +121,19 @@ def _f32_asm(ptx: str, *args, loc=None, ip=None) -> Float32:
 @dsl_user_op
 def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """fp32 multiply rounded on its own (never fused into an FMA)."""
-    return _f32_asm("mul.rn.f32 $0, $1, $2;", a, b, loc=loc, ip=ip)
+    return _scalar_asm(Float32, "mul.rn.f32 $0, $1, $2;", a, b, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def fmax_nan(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """max that propagates NaN (as torch.amax does), so a NaN block gets scale 0xFF."""
-    return _f32_asm("max.NaN.f32 $0, $1, $2;", a, b, loc=loc, ip=ip)
+    return _scalar_asm(Float32, "max.NaN.f32 $0, $1, $2;", a, b, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def fmax_abs_nan(m: Float32, v: Float32, *, loc=None, ip=None) -> Float32:
     """max(m, |v|), NaN-propagating; ptxas folds the abs into the max."""
-    return _f32_asm("{ .reg .f32 t; abs.f32 t, $2; max.NaN.f32 $0, $1, t; }", m, v, loc=loc, ip=ip)
+    return _scalar_asm(Float32, "{ .reg .f32 t; abs.f32 t, $2; max.NaN.f32 $0, $1, t; }", m, v, loc=loc, ip=ip)
 
 
 def bf16x2_word(lo: Float32, hi: Float32) -> Int32:
@@ -230,38 +232,23 @@ def prmt(a: Int32, b: Int32, selector: int, *, loc=None, ip=None) -> Int32:
     )
 
 
-def _i32_asm(ptx: str, *args, loc=None, ip=None) -> Int32:
-    """One 32-bit result from inline PTX over 32-bit integer operands ($0 = result)."""
-    return Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [Int32(a).ir_value(loc=loc, ip=ip) for a in args],
-            ptx,
-            ",".join(["=r"] + ["r"] * len(args)),
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
-
-
 @dsl_user_op
 def bf16x2_max_abs_nan(m: Int32, w: Int32, *, loc=None, ip=None) -> Int32:
     """Per half: max(|m|, |w|), NaN-propagating; the sign bits come out as the xor of the
     operands' (callers mask them off). One instruction for two values."""
-    return _i32_asm("max.NaN.xorsign.abs.bf16x2 $0, $1, $2;", m, w, loc=loc, ip=ip)
+    return _scalar_asm(Int32, "max.NaN.xorsign.abs.bf16x2 $0, $1, $2;", m, w, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def u16x2_max(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
     """Per 16-bit half: unsigned max (sm_90+)."""
-    return _i32_asm("max.u16x2 $0, $1, $2;", a, b, loc=loc, ip=ip)
+    return _scalar_asm(Int32, "max.u16x2 $0, $1, $2;", a, b, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def bf16x2_fma(a: Int32, b: Int32, c: Int32, *, loc=None, ip=None) -> Int32:
     """Per half: a * b + c on bf16 with one rounding (to nearest even)."""
-    return _i32_asm("fma.rn.bf16x2 $0, $1, $2, $3;", a, b, c, loc=loc, ip=ip)
+    return _scalar_asm(Int32, "fma.rn.bf16x2 $0, $1, $2, $3;", a, b, c, loc=loc, ip=ip)
 
 
 def gather_byte(words: list, byte: int, sign_fill: bool = False) -> Int32:
