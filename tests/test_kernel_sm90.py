@@ -297,7 +297,8 @@ def _mismatches(a, b) -> int:
 def _allowed(x) -> int:
     """Differences allowed where only the fp32 summation order of exact products differs
     (the tensor-core Hadamard): one in 10^4, at least 4, so a rare one at small M passes.
-    Measured on the H200: none."""
+    Measured on the H200: none in most cases, at most 2 bytes of 33.5M (V4-Pro M = 4096,
+    fp8-unscaled, nineteenth session)."""
     return max(4, x.numel() // 10_000)
 
 
@@ -317,7 +318,9 @@ def test_fused_fp8_equals_the_hopper_chain(t, n, k, out_format, big_cos_sin):
     zero turn such a change of a value that RoPE or the Hadamard nearly cancels into many steps. So: with
     cuBLAS's accumulation order (no K split) the bytes equal the cuBLAS chain's exactly,
     which proves steps 3-6 exact on the same bf16 GEMM output; a K split (another fp32
-    summation order) agrees with the float64 reference as well as that chain does."""
+    summation order) agrees with the float64 reference as well as that chain does. The
+    tensor-core Hadamard (the tables' choice at some large M) sums each 16 exact products in
+    the tensor core's order: a few differences (_allowed), counted and printed."""
     _needs_sm90()
     import dataclasses
 
@@ -335,7 +338,13 @@ def test_fused_fp8_equals_the_hopper_chain(t, n, k, out_format, big_cos_sin):
         tag = f"M={t} N={n} K={k} had={hadamard} {out_format} seed={seed}"
         for tactic in {dataclasses.replace(chosen, split_k=1), chosen}:
             q, s = _run_twice(x, weights, tactic=tactic, **opts)
-            if tactic.split_k == 1:
+            if tactic.split_k == 1 and hadamard and tactic.tensor_core_hadamard:
+                bad_q = _mismatches(q.view(torch.uint8), cq.view(torch.uint8))
+                bad_s = 0 if s is None else _mismatches(s, cs)
+                print(f"{tag} {tactic}: {bad_q} bytes and {bad_s} scales differ from the chain's")
+                assert bad_q <= _allowed(q), f"{tag} {tactic}: {bad_q} bytes differ"
+                assert s is None or bad_s <= _allowed(s), f"{tag} {tactic}: {bad_s} scales differ"
+            elif tactic.split_k == 1:
                 assert torch.equal(q.view(torch.uint8), cq.view(torch.uint8)), f"{tag} {tactic}: bytes"
                 assert s is None or torch.equal(s, cs), f"{tag} {tactic}: scales"
             else:
