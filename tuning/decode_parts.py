@@ -59,8 +59,8 @@ def measure(m: int, n: int, k: int, tactic, bw: float) -> dict:
     dummy = torch.zeros(16, dtype=torch.int32, device="cuda")
     probe = dataclasses.replace(tactic, epilogue=False)
     calls = {"empty": lambda i: empty(dummy)}
-    # one K block can be neither split nor pipelined: the K = 128 probe runs without both
-    one_block = dataclasses.replace(probe, split_k=1, pipelined_promotion=False)
+    # one K block can be neither split, pipelined nor shared by heads: the K = 128 probe runs without them
+    one_block = dataclasses.replace(probe, split_k=1, pipelined_promotion=False, cluster_n=1)
     for name, kk, t in (("probe_k128", 128, one_block), ("probe", k, probe),
                         ("full", k, tactic)):
         sets = cold_input_sets(m, n, kk, n_cold_sets(m, n, kk))
