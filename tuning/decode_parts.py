@@ -51,7 +51,7 @@ def compile_empty(ctas: int):
                         options="--enable-tvm-ffi")
 
 
-def measure(m: int, n: int, k: int, tactic, bw: float) -> dict:
+def measure(m: int, n: int, k: int, tactic, bw: float, hadamard: bool = True, out_format: str = "mxfp4") -> dict:
     import indexer_q
     from indexer_q import dispatch
 
@@ -68,15 +68,15 @@ def measure(m: int, n: int, k: int, tactic, bw: float) -> dict:
 
         def call(i, sets=sets, ws=ws, t=t):
             x = sets[i % len(sets)]
-            return dispatch.run_fused(x["qr"], ws[i % len(sets)], x["positions"], x["cos_sin"], hadamard=True,
-                                      fp4_rounding="floor-ties", out_format="mxfp4", tactic=t,
+            return dispatch.run_fused(x["qr"], ws[i % len(sets)], x["positions"], x["cos_sin"], hadamard=hadamard,
+                                      fp4_rounding="floor-ties", out_format=out_format, tactic=t,
                                       verified_only=False)
         calls[name] = call
     n_sets = max(n_cold_sets(m, n, k), n_cold_sets(m, n, 128))
     us = time_graphs(calls, n_sets, replays=21)
     weight_us = n * k / bw * 1e6
-    return {"M": m, "N": n, "K": k, "tactic": tactic.as_dict(), **{f"{a}_us": b for a, b in us.items()},
-            "first_bytes_us": us["probe_k128"] - us["empty"], "stream_us": us["probe"] - us["probe_k128"],
+    return {"M": m, "N": n, "K": k, "hadamard": hadamard, "out_format": out_format, "tactic": tactic.as_dict(),
+            **{f"{a}_us": b for a, b in us.items()}, "first_bytes_us": us["probe_k128"] - us["empty"], "stream_us": us["probe"] - us["probe_k128"],
             "weight_at_copy_bw_us": weight_us, "tail_us": us["full"] - us["probe"]}
 
 
@@ -128,6 +128,9 @@ def main(argv=None):
     ap.add_argument("--tactic", default="", help="fields over the heuristic's tactic, e.g. split_k=1")
     ap.add_argument("--chain", action="store_true", help="the separate quantizer's cost (module doc)")
     ap.add_argument("--tables", action="store_true", help="the packaged tables' tactics")
+    ap.add_argument("--out-format", default="mxfp4", choices=["mxfp4", "fp8", "fp8-unscaled", "bf16"],
+                    help="the op's output format (not with --chain)")
+    ap.add_argument("--no-hadamard", action="store_true", help="the op without the Hadamard (not with --chain)")
     ap.add_argument("--out", default=None, help="JSON lines file")
     args = ap.parse_args(argv)
     bw = measure_copy_bandwidth()
@@ -141,7 +144,8 @@ def main(argv=None):
                 tactic = heuristic("sm_90a", m, n, k)
             if args.tactic:
                 tactic = dataclasses.replace(tactic, **parse_fields(args.tactic))
-            parts = measure_chain(m, n, k, tactic) if args.chain else measure(m, n, k, tactic, bw)
+            parts = (measure_chain(m, n, k, tactic) if args.chain else
+                     measure(m, n, k, tactic, bw, hadamard=not args.no_hadamard, out_format=args.out_format))
             row = {"shape": shape, "copy_TBps": bw / 1e12} | parts
             rows.append(row)
             print(json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
