@@ -51,7 +51,8 @@ def compile_empty(ctas: int):
                         options="--enable-tvm-ffi")
 
 
-def measure(m: int, n: int, k: int, tactic, bw: float, hadamard: bool = True, out_format: str = "mxfp4") -> dict:
+def measure(m: int, n: int, k: int, tactic, bw: float, hadamard: bool = True, out_format: str = "mxfp4",
+            warm: bool = False) -> dict:
     import indexer_q
     from indexer_q import dispatch
 
@@ -63,7 +64,7 @@ def measure(m: int, n: int, k: int, tactic, bw: float, hadamard: bool = True, ou
     one_block = dataclasses.replace(probe, split_k=1, pipelined_promotion=False, cluster_n=1)
     for name, kk, t in (("probe_k128", 128, one_block), ("probe", k, probe),
                         ("full", k, tactic)):
-        sets = cold_input_sets(m, n, kk, n_cold_sets(m, n, kk))
+        sets = cold_input_sets(m, n, kk, n_cold_sets(m, n, kk, warm), warm_activations=warm)
         ws = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
 
         def call(i, sets=sets, ws=ws, t=t):
@@ -72,10 +73,11 @@ def measure(m: int, n: int, k: int, tactic, bw: float, hadamard: bool = True, ou
                                       fp4_rounding="floor-ties", out_format=out_format, tactic=t,
                                       verified_only=False)
         calls[name] = call
-    n_sets = max(n_cold_sets(m, n, k), n_cold_sets(m, n, 128))
+    n_sets = max(n_cold_sets(m, n, k, warm), n_cold_sets(m, n, 128, warm))
     us = time_graphs(calls, n_sets, replays=21)
     weight_us = n * k / bw * 1e6
-    return {"M": m, "N": n, "K": k, "hadamard": hadamard, "out_format": out_format, "tactic": tactic.as_dict(),
+    return {"M": m, "N": n, "K": k, "hadamard": hadamard, "out_format": out_format, "warm_activations": warm,
+            "tactic": tactic.as_dict(),
             **{f"{a}_us": b for a, b in us.items()}, "first_bytes_us": us["probe_k128"] - us["empty"], "stream_us": us["probe"] - us["probe_k128"],
             "weight_at_copy_bw_us": weight_us, "tail_us": us["full"] - us["probe"]}
 
@@ -131,6 +133,8 @@ def main(argv=None):
     ap.add_argument("--out-format", default="mxfp4", choices=["mxfp4", "fp8", "fp8-unscaled", "bf16"],
                     help="the op's output format (not with --chain)")
     ap.add_argument("--no-hadamard", action="store_true", help="the op without the Hadamard (not with --chain)")
+    ap.add_argument("--warm-activations", action="store_true",
+                    help="qr, positions and cos_sin shared by the input sets (warm in L2), only the weight cold")
     ap.add_argument("--out", default=None, help="JSON lines file")
     args = ap.parse_args(argv)
     bw = measure_copy_bandwidth()
@@ -145,7 +149,8 @@ def main(argv=None):
             if args.tactic:
                 tactic = dataclasses.replace(tactic, **parse_fields(args.tactic))
             parts = (measure_chain(m, n, k, tactic) if args.chain else
-                     measure(m, n, k, tactic, bw, hadamard=not args.no_hadamard, out_format=args.out_format))
+                     measure(m, n, k, tactic, bw, hadamard=not args.no_hadamard, out_format=args.out_format,
+                             warm=args.warm_activations))
             row = {"shape": shape, "copy_TBps": bw / 1e12} | parts
             rows.append(row)
             print(json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
