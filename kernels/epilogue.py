@@ -179,24 +179,6 @@ def load_f32(ptr) -> Float32:
                                 read_only_args=[ptr])
 
 
-def prefetch_l2_if(ptr, pred) -> None:
-    """Bring the 128-byte global line holding `ptr` into L2, without a register, where
-    `pred` holds."""
-    cute.arch.inline_ptx("prefetch.global.L2 [{$r0}];", read_only_args=[ptr], predicate=pred)
-
-
-def prefetch_cos_sin_row(row, m, num_pos, positions, cos_sin):
-    """Token row `row`'s cos/sin (one row of cos_sin, 256 bytes) into L2, as load_cos_sin
-    will read it: nothing for a row past M or a position outside [0, P)."""
-    pos = positions[cutlass.min(row, m - 1)]
-    ok = (row < m) & (pos >= 0) & (pos < num_pos)
-    pos_idx = Int32(cutlass.select_(ok, pos, type(pos)(0)))
-    # a row's first and last words, and the sin half's first: every 128-byte line it
-    # touches, however the table is aligned
-    for col in (0, 32, 63):
-        prefetch_l2_if(cos_sin.iterator + cute.crd2idx((pos_idx, col), cos_sin.layout), ok)
-
-
 def store_v4_if(ptr, words: list, pred) -> None:
     """Predicated 16-byte global store; `ptr` must be 16-byte aligned."""
     cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",

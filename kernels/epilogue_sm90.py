@@ -115,27 +115,6 @@ class Sm90EpilogueRoles:
             work = sched.get_current_work()
 
     @cute.jit
-    def _prefetch_first_rope_rows(self, sched_params, positions, cos_sin, m, thread, threads: cutlass.Constexpr):
-        """Idle warps (`threads` of them, this one `thread`): the cos/sin rows of the CTA's
-        first tile into L2 as soon as the previous grid lets us read the positions. The
-        epilogue warps request them only after helping the quantizer, when the weight's
-        requests fill the DRAM queues; in the cold-L2 bench that cost ~0.2 us of decode tail
-        (H200, twentieth session: TP8 M = 16 0.57 us cold against 0.37 with qr, positions
-        and cos_sin warm)."""
-        if cutlass.const_expr(self.config.pdl):
-            cute.arch.griddepcontrol_wait()  # the positions may be the previous grid's output
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work = sched.initial_work_tile_info()
-        if work.is_valid_tile:
-            row0 = self._epi_row0(work.tile_idx)
-            num_pos = cos_sin.shape[0]
-            for r in cutlass.range_constexpr(0, self.epi_rows, threads):
-                if r + thread < self.epi_rows:
-                    epi.prefetch_cos_sin_row(row0 + r + thread, m, num_pos, positions, cos_sin)
-
-    @cute.jit
     def _help_last_tile(self, sQ, buf, ctidx, tile_row0, head, m, positions, cos_sin, out_q, out_scale):
         """A consumer thread's share of the CTA's last tile, once every consumer has handed
         it over: rows [tile_rows - helper_rows, tile_rows) of buffer `buf`, at the epilogue

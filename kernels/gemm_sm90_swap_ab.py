@@ -305,10 +305,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                     sQr = storage.sQr.get_tensor(self.qr_staging_layout(t, self.k_blocks))
                 self._producer(ab_pipeline, tma_w, mW, sW, tma_a, mA, sB, sQr, staging, k_begin, sched_params,
                                trace, cute.arch.lane_idx())
-            elif cutlass.const_expr(self.config.epilogue):
-                if cta_rank == 0 or cutlass.const_expr(self.split_k == 1 or self.scatter):  # who finishes rows
-                    self._prefetch_first_rope_rows(sched_params, positions, cos_sin, act.shape[0], tidx - 32,
-                                                   WARPGROUP - 32)
         elif warpgroup >= self.epi_wg:
             self._set_epilogue_registers()
             if cutlass.const_expr(self.fused):

@@ -87,8 +87,6 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
         assert ptx.count("ld.global.nc.v4.f32") <= 2 and ptx.count("ld.shared.v4") >= 8
     elif cfg.fused_act_quant:  # qr's 16-byte global loads
         assert ptx.count("ld.global.nc.v4.f32") > 8
-    # the producer warpgroup's idle warps bring the first tile's cos/sin rows into L2 (3 lines a row)
-    assert ptx.count("prefetch.global.L2") == 3
     assert _spills(ck) == 0
 
 
