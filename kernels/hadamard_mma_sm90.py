@@ -13,7 +13,7 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .epilogue import HeadRowLayout, bf16x2_word, prmt
+from .epilogue import HeadRowLayout, bf16x2_word, lane_butterfly, prmt
 
 # The Hadamard's output: lane q of a row's quad holds the whole MXFP4 block q, columns
 # 32q + {0..31} in local order, so amax, codes and a 16-byte store stay in the thread.
@@ -49,20 +49,71 @@ def tc_a_word_source(block: int, khalf: int) -> tuple:
     return local, (0x5410 if local % 2 == 0 else 0x7632)
 
 
-def tc_b_words(lane) -> list:
+def tc_b_words(lane, k_bits: tuple = TC_K_COLUMN_BITS, n_bits: tuple = TC_N_COLUMN_BITS) -> list:
     """The +-1 matrix as this lane's B fragments of the two n8 halves: [half][register],
-    B[k][n] = H[in column of k][out column of n] on column bits 3..6 (PTX's m16n8k16 .col
-    B: register r holds k = 2 (lane % 4) + 8r + {0, 1}, n = 8 half + lane // 4)."""
+    B[k][n] = H[in column of k][out column of n] on the column bits k_bits / n_bits name
+    (PTX's m16n8k16 .col B: register r holds k = 2 (lane % 4) + 8r + {0, 1}, n = 8 half +
+    lane // 4)."""
     words = []
     for half in range(2):
-        n_out = scatter_bits(lane // 4 + 8 * half, TC_N_COLUMN_BITS)
+        n_out = scatter_bits(lane // 4 + 8 * half, n_bits)
         regs = []
         for r in range(2):
             k = 2 * (lane % 4) + 8 * r
-            regs.append(bf16x2_word(sylvester_sign(scatter_bits(k, TC_K_COLUMN_BITS), n_out),
-                                    sylvester_sign(scatter_bits(k + 1, TC_K_COLUMN_BITS), n_out)))
+            regs.append(bf16x2_word(sylvester_sign(scatter_bits(k, k_bits), n_out),
+                                    sylvester_sign(scatter_bits(k + 1, k_bits), n_out)))
         words.append(regs)
     return words
+
+
+# 8 lanes a row (SM90_EPI8_ROW_LAYOUT: lane L holds columns 8L + {0..7} and the same + 64;
+# 4 rows a warp). The m16n8k16's operands come straight from a thread's 8 words: k bit 0 is
+# a word's halves (column bit 0), k bits 1, 2 are lane % 4 (column bits 3, 4), k bit 3 is
+# word bit 0 (column bit 1); the A rows g, g + 8 are word bit 1 (column bit 2) over lane bit 2
+# (column bit 5) and the warp's 4 rows; word bit 2 (column bit 6) picks one of two MMAs. The
+# accumulator lands in the same layout (n bits the k bits' columns), so H8 over column bits
+# 2, 5, 6 finishes in registers and one exchange across lanes, and the butterfly's
+# quantizer runs on it unchanged.
+TC8_COLUMN_BITS = (0, 3, 4, 1)  # k (and n) bit t -> column bit
+
+
+def tc8_b_words(lane) -> list:
+    """tc_b_words for the 8-lane layout (TC8_COLUMN_BITS on both sides)."""
+    return tc_b_words(lane, TC8_COLUMN_BITS, TC8_COLUMN_BITS)
+
+
+def tc8_a_word(i: int, reg: int) -> int:
+    """The word (of a thread's 8 in SM90_EPI8_ROW_LAYOUT) that is A register `reg` of MMA i:
+    register h + 2 kh holds A row g + 8h, k bit 3 = kh; h is word bit 1, kh word bit 0."""
+    return 4 * i + 2 * (reg % 2) + reg // 2
+
+
+def tc8_sum_local(i: int, half: int, reg: int) -> int:
+    """The local index (SM90_EPI8_ROW_LAYOUT) of accumulator value `reg` (2h + v: A row g + 8h,
+    n bit 0 = v) of MMA i's n8 half `half`: column bits 0 = v, 1 = half, 2 = h, 6 = i."""
+    return reg % 2 + 2 * half + 4 * (reg // 2) + 8 * i
+
+
+def tc_hadamard_row8(words: list, b_words: list, lane_in_row) -> list:
+    """SPEC step 4's sums (the tensor core's order within each 16, see above) on one row in
+    SM90_EPI8_ROW_LAYOUT: `words` its 8 bf16x2 words after RoPE (word w: locals 2w, 2w + 1);
+    returns the 16 fp32 sums in the same layout's local order (not yet scaled or rounded).
+    Every lane of the warp must call it (mma.sync and the exchange are warp-wide)."""
+    sums = [None] * 16
+    for i in range(2):  # column bit 6
+        a = [words[tc8_a_word(i, r)] for r in range(4)]
+        for half in range(2):  # n bit 3 (column bit 1)
+            acc = mma_bf16_16816(a, b_words[half])
+            for reg in range(4):
+                sums[tc8_sum_local(i, half, reg)] = acc[reg]
+    for m in (4, 8):  # H8's local column bits 2 and 6
+        for local in range(16):
+            if not local & m:
+                lo, hi = sums[local], sums[local | m]
+                sums[local], sums[local | m] = lo + hi, lo - hi
+    # column bit 5: lane bit 2 of the row's 8 lanes
+    sign = Float32(1.0) - Float32(2.0) * Float32((lane_in_row >> 2) & 1)
+    return [lane_butterfly(v, 4, sign) for v in sums]
 
 
 def sylvester_sign(i, j) -> Float32:

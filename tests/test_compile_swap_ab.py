@@ -42,6 +42,13 @@ SM90_CASES = [
     dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2),
     dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2),
     dict(tile_m=16, fused_act_quant=False, split_k=1, epilogue_warpgroups=1, cluster_m=2),
+    # the Hadamard's H16 factor on the tensor cores at 8 lanes a row
+    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2,
+         tensor_core_hadamard=True),
+    dict(tile_m=8, fused_act_quant=True, split_k=4, epilogue_warpgroups=2, pipelined_promotion=True,
+         tensor_core_hadamard=True, out_format="fp8"),
+    dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=1, pipelined_promotion=True,
+         tensor_core_hadamard=True),
 ]
 
 
@@ -78,6 +85,9 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
         assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32" in flat
     # token tiles sharing the weight: its loads multicast to the cluster; otherwise none are
     assert ("multicast::cluster" in flat) == (cfg.cluster_m > 1)
+    # the tensor-core Hadamard: two bf16 MMAs a 64-column half of a row pass; none otherwise
+    mma_sync = ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+    assert (mma_sync > 0 and mma_sync % 4 == 0) if cfg.tensor_core_hadamard else mma_sync == 0, mma_sync
     if cfg.fused_act_quant:  # the e4m3 conversion in the kernel
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
         assert "griddepcontrol.launch_dependents" in ptx  # lets the next grid start early (PDL)

@@ -19,8 +19,8 @@ import torch
 
 from indexer_q import reference as ref
 from indexer_q.tactics import Tactic, swap_ab_tile
-from test_kernel_sm90 import (_check_case, _inputs, _needs_sm90, _out_of_range_inputs,  # noqa: F401 (fixture)
-                              _run_twice, big_cos_sin)
+from test_kernel_sm90 import (_allowed, _check_case, _inputs, _mismatches, _needs_sm90,  # noqa: F401 (fixture)
+                              _out_of_range_inputs, _run_twice, big_cos_sin)
 
 pytestmark = pytest.mark.gpu
 
@@ -358,3 +358,60 @@ def test_swap_ab_positions_int32_and_out_of_range(big_cos_sin, precompiled):
     for tactic in (exact_tactic(m), dataclasses.replace(exact_tactic(m), epilogue_warpgroups=2)):
         q, s = _run_twice(x, weights, tactic=tactic, **opts)
         assert torch.equal(q, cq) and torch.equal(s, cs), tactic
+
+
+# The Hadamard's H16 factor on the tensor cores at 8 lanes a row (tensor_core_hadamard on
+# swap_ab): the same products, summed 16 at a time in the tensor core's order, so held to the
+# native tensor-core Hadamard's allowance against the butterfly, every format with the
+# Hadamard. Tiles of 8-64 tokens; unsplit, split (gathering and reduce-scatter), heads
+# sharing the quantizer, token tiles sharing the weight; M below a tile and across several.
+TC8_CASES = [
+    (1, 8192, 1536, Tactic(kind="swap_ab", tile_m=8, epilogue_warpgroups=2, fused_act_quant=True)),
+    (7, 1024, 1536, Tactic(kind="swap_ab", tile_m=8, split_k=4, epilogue_warpgroups=2, fused_act_quant=True,
+                           pipelined_promotion=True)),
+    (13, 8192, 1536, Tactic(kind="swap_ab", tile_m=16, cluster_n=2, epilogue_warpgroups=2, fused_act_quant=True,
+                            pipelined_promotion=True)),
+    (33, 8192, 1024, Tactic(kind="swap_ab", tile_m=32, split_k=2, epilogue_warpgroups=2, fused_act_quant=True,
+                            pipelined_promotion=True)),
+    (64, 8192, 1536, Tactic(kind="swap_ab", tile_m=32, cluster_n=2, epilogue_warpgroups=2, fused_act_quant=True,
+                            pipelined_promotion=True)),
+    (40, 8192, 1024, Tactic(kind="swap_ab", tile_m=16, cluster_m=2, epilogue_warpgroups=2, fused_act_quant=True,
+                            pipelined_promotion=True)),
+    (100, 1024, 1536, Tactic(kind="swap_ab", tile_m=64, split_k=2, epilogue_warpgroups=2, fused_act_quant=True,
+                             pipelined_promotion=True)),
+    (200, 1024, 1024, Tactic(kind="swap_ab", tile_m=16, epilogue_warpgroups=1, fused_act_quant=True)),
+]
+TC8_FORMATS = [("mxfp4", "floor-ties"), ("mxfp4", "rne"), ("fp8", "floor-ties"), ("fp8-unscaled", "floor-ties"),
+               ("bf16", "floor-ties")]
+
+
+@pytest.fixture(scope="module")
+def tc8_precompiled():
+    _needs_sm90()
+    from indexer_q import jit
+
+    jobs = [(t.to_config("sm_90a", hadamard=True, fp4_rounding=rnd, out_format=fmt, positions_dtype="int64"), n, k)
+            for _, n, k, tactic in TC8_CASES for fmt, rnd in TC8_FORMATS
+            for t in (tactic, dataclasses.replace(tactic, tensor_core_hadamard=True))]
+    errors = jit.precompile(jobs)
+    assert not errors, errors[:3]
+
+
+@pytest.mark.parametrize("m,n,k,tactic", TC8_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_tensor_core_hadamard_meets_the_butterfly(m, n, k, tactic, big_cos_sin, tc8_precompiled):
+    from indexer_q import prepare_weights
+
+    seed = _seed()
+    x = _inputs(m, n, k, seed, big_cos_sin)
+    weights = prepare_weights(x["weight"], x["weight_scale"])
+    tc = dataclasses.replace(tactic, tensor_core_hadamard=True)
+    for fmt, rnd in TC8_FORMATS:
+        opts = dict(hadamard=True, fp4_rounding=rnd, out_format=fmt)
+        q, s = _run_twice(x, weights, tactic=tc, **opts)
+        bq, bs = _run_twice(x, weights, tactic=tactic, **opts)
+        tag = f"M={m} N={n} K={k} {fmt} {rnd} seed={seed} {tc}"
+        qb, bqb = q.view(torch.uint8), bq.view(torch.uint8)
+        print(f"{tag}: {_mismatches(qb, bqb)} of {qb.numel()} bytes differ")
+        assert _mismatches(qb, bqb) <= _allowed(qb), tag
+        if s is not None:
+            assert _mismatches(s.view(torch.int32), bs.view(torch.int32)) <= _allowed(s), f"{tag}: scales"

@@ -36,7 +36,8 @@ class Tactic:
     split_k: int = 1
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
     epilogue_warpgroups: int = 1  # 2: twice the epilogue warps (see GemmConfig)
-    tensor_core_hadamard: bool = False  # the Hadamard as a bf16 MMA (one epilogue warpgroup)
+    # the Hadamard's H16 factor as a bf16 MMA (native: one epilogue warpgroup; swap_ab: 8 lanes a row)
+    tensor_core_hadamard: bool = False
     # swap_ab: the kernel quantizes the activation itself (one launch instead of two)
     fused_act_quant: bool = False
     # False: a profiling probe that runs the mainloop only and writes nothing (it
@@ -263,7 +264,14 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # two epilogue warpgroups: with one, the GEMM's copy-out was 3-7% slower (H200, 16th session)
         cands.append(Tactic(tile_m=128, epilogue_warpgroups=2, separate_epilogue=True))
     if m <= SWAP_AB_MAX_M:
-        cands += list(_swap_ab_candidates(m, n, k, sms))
+        swapped = list(_swap_ab_candidates(m, n, k, sms))
+        # The Hadamard's H16 factor on the tensor cores at 8 lanes a row, beside the knobs
+        # that win at decode (fused quantizer, two epilogue warpgroups). On the H200 the
+        # butterfly's Hadamard is ~0.66 of the 1.46 us epilogue tail of a 32-token tile (V4-Pro
+        # M = 64, twentieth session); this one has 2 exchange stages fewer a value.
+        swapped += [dataclasses.replace(t, tensor_core_hadamard=True) for t in swapped
+                    if t.fused_act_quant and t.epilogue_warpgroups == 2]
+        cands += swapped
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
         if t not in out and can_run(arch, t, n, k):
