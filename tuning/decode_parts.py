@@ -78,8 +78,9 @@ def measure(m: int, n: int, k: int, tactic, bw: float, hadamard: bool = True, ou
     weight_us = n * k / bw * 1e6
     return {"M": m, "N": n, "K": k, "hadamard": hadamard, "out_format": out_format, "warm_activations": warm,
             "tactic": tactic.as_dict(),
-            **{f"{a}_us": b for a, b in us.items()}, "first_bytes_us": us["probe_k128"] - us["empty"], "stream_us": us["probe"] - us["probe_k128"],
-            "weight_at_copy_bw_us": weight_us, "tail_us": us["full"] - us["probe"]}
+            **{f"{a}_us": b for a, b in us.items()}, "first_bytes_us": us["probe_k128"] - us["empty"],
+            "stream_us": us["probe"] - us["probe_k128"], "weight_at_copy_bw_us": weight_us,
+            "tail_us": us["full"] - us["probe"]}
 
 
 def measure_chain(m: int, n: int, k: int, tactic) -> dict:
