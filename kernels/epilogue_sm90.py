@@ -30,8 +30,8 @@ from .sm90_parts import BAR_LAST_TILE_HANDED, EPI_BUFFERS, ROWS_PER_CONSUMER, WA
 
 class Sm90EpilogueRoles:
     helper_rows = 0  # rows of the CTA's last tile that its consumers finish (0: none)
-    # the Hadamard's H16 factor on the tensor cores at 8 lanes a row (hmma.tc_hadamard_row8)
-    tc_hadamard_rows8 = False
+    # the Hadamard's H16 factor on the tensor cores, one row a thread (hmma.tc_hadamard_row)
+    tc_hadamard_rows = False
 
     @property
     def epi_rows(self):
@@ -57,9 +57,9 @@ class Sm90EpilogueRoles:
         # cos/sin rows are requested this many passes ahead; one when the epilogue has
         # fewer than 128 registers (two warpgroups beside two consumers: 64, no spills)
         ahead = 2 if self.epilogue_regs >= 128 else 1
-        if cutlass.const_expr(self.tc_hadamard_rows8):
+        if cutlass.const_expr(self.tc_hadamard_rows):
             # the +-1 matrix's B fragments, in registers for the kernel's life (_finish_row)
-            self._tc8_b_words = hmma.tc8_b_words(lane)
+            self._tc_row_b_words = hmma.tc_row_b_words(lane, layout)
         if cutlass.const_expr(self.config.pdl):
             # positions / cos_sin are read only after the previous grid (the quantizer),
             # so nothing launched before it can still be writing them; no cost: the
@@ -139,6 +139,8 @@ class Sm90EpilogueRoles:
         num_pos = cos_sin.shape[0]
         cs = [self._cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
               for p in range(min(2, passes))]
+        if cutlass.const_expr(self.tc_hadamard_rows):
+            self._tc_row_b_words = hmma.tc_row_b_words(lane, layout)  # this role's own (_finish_row)
         # every consumer's bf16 rows are in the buffer
         cute.arch.barrier(barrier_id=BAR_LAST_TILE_HANDED, number_of_threads=consumer_threads)
         self._epilogue_passes(sQ, buf, rows, local, cs, 2, range(passes), lane_in_row, lane_cols, head, m,
@@ -262,10 +264,9 @@ class Sm90EpilogueRoles:
                      for local in range(0, layout.num_local, 2)]
             epi.store_row(layout, epi.OUT_BF16, row, m, head, lane_in_row, lane_cols, words, Int32(0), out_q,
                           None, vector=True)
-        elif cutlass.const_expr(self.tc_hadamard_rows8):
-            assert layout is epi.SM90_EPI8_ROW_LAYOUT
+        elif cutlass.const_expr(self.tc_hadamard_rows):
             words = epi.rope_row_words(self._load_row(sQ, buf, r, layout, lane_cols), layout, cs[0], cs[1])
-            sums = hmma.tc_hadamard_row8(words, self._tc8_b_words, lane_in_row)
+            sums = hmma.tc_hadamard_row(words, self._tc_row_b_words, lane_in_row, layout)
             epi.quantize_store_row(epi.hadamard_scale_round(sums), layout, lane_in_row, self.config, row, m, head,
                                    out_q, out_scale)
         else:

@@ -63,9 +63,6 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
                                    or config.pipelined_promotion):
             out.append("split_k > 1 needs tile_m=64, no multicast cluster and no pipelined_promotion "
                        "(its cluster is the K split; one consumer warpgroup sends one partial)")
-        if config.uses_tensor_core_hadamard and config.epilogue_warpgroups != 1:
-            out.append("tensor_core_hadamard needs epilogue_warpgroups=1 (a thread's 64 sums and 32 "
-                       "operand words do not fit two epilogue warpgroups' 64 registers)")
         if config.pipelined_promotion and (config.tile_m != 64 or config.mma_per_promotion != 4):
             out.append("pipelined_promotion needs tile_m=64 and mma_per_promotion=4 (two partial "
                        "accumulators fit only in one consumer warpgroup's registers)")
@@ -97,11 +94,15 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         # 128-row tiles keep one branch-free copy of the epilogue: with the skip as a second
         # copy, M = 16384 took 606 us instead of 560.
         self.skip_rows_past_m = config.tile_m == 64
-        self.tc_hadamard = config.uses_tensor_core_hadamard
+        # The tensor-core Hadamard: with one epilogue warpgroup two rows a thread (its own
+        # passes, _epilogue_tc_hadamard: 64 sums a thread); with two, one row a thread in the
+        # butterfly's passes (hmma.tc_hadamard_row: 32 sums, within their 72 registers).
+        self.tc_hadamard = config.uses_tensor_core_hadamard and self.epi_wgs == 1
+        self.tc_hadamard_rows = config.uses_tensor_core_hadamard and self.epi_wgs == 2
         self._setup_roles(EPI_LANES_PER_ROW[self.epi_wgs])
         # The CTA's last tile (its only one where M <= ~16K / heads): the consumers, idle once
         # they have handed it over, finish its second half. 128-row tiles of one CTA, the
-        # butterfly epilogue.
+        # epilogue passes of one row a thread.
         if config.tile_m == 128 and config.split_k == 1 and not self.tc_hadamard and config.epilogue:
             self.helper_rows = config.tile_m // 2
 

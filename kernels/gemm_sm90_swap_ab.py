@@ -58,7 +58,7 @@ TRACE_SLOTS = 16
 class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90EpilogueRoles,
                               Sm90KernelBase):
     ptx_signature = ("wgmma.mma_async e4m3, tokens on N", "wgmma.mma_async.sync.aligned.m64n{tile}k32.f32.e4m3.e4m3")
-    has_tensor_core_hadamard = True  # at 8 lanes a row (hmma.tc_hadamard_row8), 1 or 2 epilogue warpgroups
+    has_tensor_core_hadamard = True  # one row a thread at 8 lanes (hmma.tc_hadamard_row), 1 or 2 epilogue warpgroups
 
     def __init__(self, config: GemmConfig):
         super().__init__(config)
@@ -72,8 +72,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         # both); heads sharing the quantizer along N
         self.cluster_shape_mn = (config.split_k * config.cluster_m, config.cluster_n)
         self.skip_rows_past_m = True
-        self.tc_hadamard = False  # the native kernel's (one epilogue warpgroup, its own passes)
-        self.tc_hadamard_rows8 = config.uses_tensor_core_hadamard
+        self.tc_hadamard = False  # the native kernel's two rows a thread (one epilogue warpgroup, its own passes)
+        self.tc_hadamard_rows = config.uses_tensor_core_hadamard
         self.fused = config.fused_act_quant
         self.scatter = self.reduce_scatters(config)
         self.two_partials = config.pipelined_promotion and config.tile_m <= TWO_PARTIALS_MAX_TILE

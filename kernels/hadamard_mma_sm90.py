@@ -66,54 +66,65 @@ def tc_b_words(lane, k_bits: tuple = TC_K_COLUMN_BITS, n_bits: tuple = TC_N_COLU
     return words
 
 
-# 8 lanes a row (SM90_EPI8_ROW_LAYOUT: lane L holds columns 8L + {0..7} and the same + 64;
-# 4 rows a warp). The m16n8k16's operands come straight from a thread's 8 words: k bit 0 is
-# a word's halves (column bit 0), k bits 1, 2 are lane % 4 (column bits 3, 4), k bit 3 is
-# word bit 0 (column bit 1); the A rows g, g + 8 are word bit 1 (column bit 2) over lane bit 2
-# (column bit 5) and the warp's 4 rows; word bit 2 (column bit 6) picks one of two MMAs. The
-# accumulator lands in the same layout (n bits the k bits' columns), so H8 over column bits
-# 2, 5, 6 finishes in registers and one exchange across lanes, and the butterfly's
-# quantizer runs on it unchanged.
-TC8_COLUMN_BITS = (0, 3, 4, 1)  # k (and n) bit t -> column bit
+# One row a thread, at 4 or 8 lanes a row (SM90_EPI_ROW_LAYOUT, SM90_EPI8_ROW_LAYOUT): the
+# m16n8k16's operands come straight from a thread's bf16x2 words. k bit 0 is a word's halves
+# (column bit 0), k bits 1, 2 are lane % 4 (the layout's first two lane bits), k bit 3 is
+# word bit 0 (local bit 1's column); the A rows g, g + 8 are word bit 1 (local bit 2's
+# column) over the warp's rows (and at 8 lanes lane bit 2); the word bits above pick one of
+# 2 (8 lanes) or 4 (4 lanes) MMAs. The accumulators land in the same layout (the n bits
+# name the k bits' columns), so H8 over the other three column bits finishes in registers
+# (and, at 8 lanes, one exchange across lanes), and the butterfly's quantizer runs on it
+# unchanged.
+def tc_row_column_bits(layout: HeadRowLayout) -> tuple:
+    """k (and n) bit t -> column bit, for tc_hadamard_row on `layout`."""
+    lane_cols = sorted(b for b in range(7) if layout.lane_mask(b))
+    local_col = {i: b for b in range(7) for kind, i in [layout.col_bits[b]] if kind == "local"}
+    assert local_col[0] == 0 and layout.lane_mask(lane_cols[0]) == 1 and layout.lane_mask(lane_cols[1]) == 2
+    return (0, lane_cols[0], lane_cols[1], local_col[1])
 
 
-def tc8_b_words(lane) -> list:
-    """tc_b_words for the 8-lane layout (TC8_COLUMN_BITS on both sides)."""
-    return tc_b_words(lane, TC8_COLUMN_BITS, TC8_COLUMN_BITS)
+def tc_row_b_words(lane, layout: HeadRowLayout) -> list:
+    """tc_b_words for tc_hadamard_row on `layout`."""
+    bits = tc_row_column_bits(layout)
+    return tc_b_words(lane, bits, bits)
 
 
-def tc8_a_word(i: int, reg: int) -> int:
-    """The word (of a thread's 8 in SM90_EPI8_ROW_LAYOUT) that is A register `reg` of MMA i:
-    register h + 2 kh holds A row g + 8h, k bit 3 = kh; h is word bit 1, kh word bit 0."""
+def tc_row_a_word(i: int, reg: int) -> int:
+    """The word of a thread's row that is A register `reg` of MMA i: register h + 2 kh holds
+    A row g + 8h, k bit 3 = kh; h is word bit 1, kh word bit 0, i the word bits above."""
     return 4 * i + 2 * (reg % 2) + reg // 2
 
 
-def tc8_sum_local(i: int, half: int, reg: int) -> int:
-    """The local index (SM90_EPI8_ROW_LAYOUT) of accumulator value `reg` (2h + v: A row g + 8h,
-    n bit 0 = v) of MMA i's n8 half `half`: column bits 0 = v, 1 = half, 2 = h, 6 = i."""
+def tc_row_sum_local(i: int, half: int, reg: int) -> int:
+    """The local index of accumulator value `reg` (2h + v: A row g + 8h, n bit 0 = v) of MMA
+    i's n8 half `half`: local bits 0 = v, 1 = half, 2 = h, 3.. = i (the words' order)."""
     return reg % 2 + 2 * half + 4 * (reg // 2) + 8 * i
 
 
-def tc_hadamard_row8(words: list, b_words: list, lane_in_row) -> list:
-    """SPEC step 4's sums (the tensor core's order within each 16, see above) on one row in
-    SM90_EPI8_ROW_LAYOUT: `words` its 8 bf16x2 words after RoPE (word w: locals 2w, 2w + 1);
-    returns the 16 fp32 sums in the same layout's local order (not yet scaled or rounded).
+def tc_hadamard_row(words: list, b_words: list, lane_in_row, layout: HeadRowLayout) -> list:
+    """SPEC step 4's sums (the tensor core's order within each 16, see above) on one row a
+    thread: `words` its bf16x2 words after RoPE in `layout`'s order (word w: locals 2w,
+    2w + 1); returns the fp32 sums in the same local order (not yet scaled or rounded).
     Every lane of the warp must call it (mma.sync and the exchange are warp-wide)."""
-    sums = [None] * 16
-    for i in range(2):  # column bit 6
-        a = [words[tc8_a_word(i, r)] for r in range(4)]
-        for half in range(2):  # n bit 3 (column bit 1)
+    sums = [None] * (2 * len(words))
+    for i in range(len(words) // 4):
+        a = [words[tc_row_a_word(i, r)] for r in range(4)]
+        for half in range(2):  # n bit 3
             acc = mma_bf16_16816(a, b_words[half])
             for reg in range(4):
-                sums[tc8_sum_local(i, half, reg)] = acc[reg]
-    for m in (4, 8):  # H8's local column bits 2 and 6
-        for local in range(16):
+                sums[tc_row_sum_local(i, half, reg)] = acc[reg]
+    m = 4
+    while m < len(sums):  # H8's local column bits: local bits 2 and up
+        for local in range(len(sums)):
             if not local & m:
                 lo, hi = sums[local], sums[local | m]
                 sums[local], sums[local | m] = lo + hi, lo - hi
-    # column bit 5: lane bit 2 of the row's 8 lanes
-    sign = Float32(1.0) - Float32(2.0) * Float32((lane_in_row >> 2) & 1)
-    return [lane_butterfly(v, 4, sign) for v in sums]
+        m *= 2
+    lane_bits = sorted(layout.lane_mask(b) for b in range(7) if layout.lane_mask(b))
+    for xm in lane_bits[2:]:  # and its lane bits past lane % 4 (8 lanes a row: one)
+        sign = Float32(1.0) - Float32(2.0) * Float32((lane_in_row >> (xm.bit_length() - 1)) & 1)
+        sums = [lane_butterfly(v, xm, sign) for v in sums]
+    return sums
 
 
 def sylvester_sign(i, j) -> Float32:

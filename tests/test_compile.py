@@ -51,7 +51,8 @@ def test_act_quant_compiles(arch, tmp_path):
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
-SM90_EPILOGUES = [(64, 1, False), (128, 1, False), (64, 2, False), (128, 2, False), (64, 1, True), (128, 1, True)]
+SM90_EPILOGUES = [(64, 1, False), (128, 1, False), (64, 2, False), (128, 2, False), (64, 1, True), (128, 1, True),
+                  (64, 2, True), (128, 2, True)]
 
 
 @pytest.mark.parametrize("tile_m,epilogue_warpgroups,tensor_core_hadamard", SM90_EPILOGUES)
@@ -80,10 +81,17 @@ def test_sm90_fused_compiles_to_wgmma_e4m3(tile_m, epilogue_warpgroups, tensor_c
     # .dec may only lower a warp's count and .inc only raise it (else: illegal instruction)
     for kind, regs in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx):
         assert (int(regs) <= entry) if kind == "dec" else (int(regs) >= entry), (kind, regs, entry)
-    if cfg.uses_tensor_core_hadamard:  # the Hadamard's H16 factor: 16 bf16 mma.sync a chunk of 64 rows
-        tile_chunks = tile_m // 64
-        assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 16 * tile_chunks
-        assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16" not in ptx
+    mma_sync = ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+    if cfg.uses_tensor_core_hadamard and epilogue_warpgroups == 1:
+        # the Hadamard's H16 factor, two rows a thread: 16 bf16 mma.sync a chunk of 64 rows
+        assert mma_sync == 16 * (tile_m // 64)
+    elif cfg.uses_tensor_core_hadamard:
+        # one row a thread (hmma.tc_hadamard_row): 8 a row's code, one copy a pass shape
+        # (the epilogue warpgroups' and, for 128-row tiles, the consumers' helper rows)
+        assert mma_sync > 0 and mma_sync % 8 == 0, mma_sync
+    else:
+        assert mma_sync == 0
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16" not in ptx
 
 
 @pytest.mark.parametrize("stages", [3, 4, 5])
@@ -92,10 +100,10 @@ def test_sm90_stage_rings_do_not_spill(stages, tensor_core_hadamard, tmp_path):
     """Every ring the tuner times compiles without spills in the binary that runs: with a
     stage count that divides the 12 K blocks the compiler used to fold the stage indices
     and spill (kernels/sm90_parts.opaque_stage)."""
-    cfg = GemmConfig(arch="sm_90a", tile_m=128, hadamard=True, stages=stages, tensor_core_hadamard=tensor_core_hadamard,
-                     epilogue_warpgroups=1 if tensor_core_hadamard else 2)
-    ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path))
-    _assert_no_spills(ck)
+    for ewg in ((1, 2) if tensor_core_hadamard else (2,)):
+        cfg = GemmConfig(arch="sm_90a", tile_m=128, hadamard=True, stages=stages,
+                         tensor_core_hadamard=tensor_core_hadamard, epilogue_warpgroups=ewg)
+        _assert_no_spills(jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / str(ewg))))
 
 
 def test_sm90_pipelined_promotion_keeps_one_wgmma_group_in_flight(tmp_path):

@@ -211,59 +211,63 @@ def test_tensor_core_hadamard_layout_bookkeeping():
                 assert value == expect[g + 8 * h, col] and col == 32 * t + local
 
 
-def test_tensor_core_hadamard_at_8_lanes_a_row_bookkeeping():
-    """The 8-lane tensor-core Hadamard (hadamard_mma_sm90.tc_hadamard_row8, the swapped-A/B
-    epilogue's), modelled on integer rows with PTX's m16n8k16 fragments: a warp holds 4 rows,
-    8 lanes each in SM90_EPI8_ROW_LAYOUT; each lane's A registers are its own words
-    (tc8_a_word), the B fragments come from TC8_COLUMN_BITS, the accumulators land at
-    tc8_sum_local, and H8 over column bits 2 and 6 (local) and 5 (lane xor 4) gives H128 q in
-    the same layout."""
+@pytest.mark.parametrize("lanes", (4, 8))
+def test_tensor_core_hadamard_one_row_a_thread_bookkeeping(lanes):
+    """The one-row-a-thread tensor-core Hadamard (hadamard_mma_sm90.tc_hadamard_row: the
+    swapped-A/B epilogue's at 8 lanes a row, the native two-warpgroup epilogue's at 4),
+    modelled on integer rows with PTX's m16n8k16 fragments: a warp holds 32 / lanes rows,
+    `lanes` lanes each in the layout; each lane's A registers are its own words
+    (tc_row_a_word), the B fragments come from tc_row_column_bits, the accumulators land at
+    tc_row_sum_local, and H8 over the other column bits (local, then lane bits past lane % 4)
+    gives H128 q in the same layout."""
     from indexer_q.kernels import epilogue as epi
     from indexer_q.kernels import hadamard_mma_sm90 as hmma
 
-    rng = np.random.default_rng(1)
-    q = rng.integers(-50, 51, size=(4, 128)).astype(np.int64)  # a warp's 4 rows
+    layout = {4: epi.SM90_EPI_ROW_LAYOUT, 8: epi.SM90_EPI8_ROW_LAYOUT}[lanes]
+    rng = np.random.default_rng(lanes)
+    rows = 32 // lanes
+    q = rng.integers(-50, 51, size=(rows, 128)).astype(np.int64)  # a warp's rows
     i = np.arange(128)
     had = np.array([[(-1) ** int(a & b).bit_count() for b in i] for a in i], dtype=np.int64)
     expect = q @ had
-    layout = epi.SM90_EPI8_ROW_LAYOUT
-    bits = hmma.TC8_COLUMN_BITS
+    bits = hmma.tc_row_column_bits(layout)
+    n_local = layout.num_local
 
-    def row_of(lane):  # the epilogue's rows: lane // 8 of the warp's 4
-        return lane // 8
-
-    def col(lane, local):
-        return layout.column_static(local) + int(layout.column_lane_bits(lane % 8))
+    def col(lane, local):  # the epilogue's rows: lane // lanes of the warp's
+        return layout.column_static(local) + int(layout.column_lane_bits(lane % lanes))
 
     def word(lane, w):  # (lo, hi) values of the lane's word w: locals 2w, 2w + 1
-        return q[row_of(lane), col(lane, 2 * w)], q[row_of(lane), col(lane, 2 * w + 1)]
+        return q[lane // lanes, col(lane, 2 * w)], q[lane // lanes, col(lane, 2 * w + 1)]
 
     b = np.array([[[(-1) ** (hmma.scatter_bits(k, bits) & hmma.scatter_bits(n + 8 * half, bits)).bit_count()
                     for n in range(8)] for k in range(16)] for half in range(2)], dtype=np.int64)
-    sums = np.zeros((32, 16), dtype=np.int64)  # [lane, local]
-    for mma in range(2):
+    sums = np.zeros((32, n_local), dtype=np.int64)  # [lane, local]
+    for mma in range(n_local // 8):
         a_tile = np.zeros((16, 16), dtype=np.int64)  # what the MMA reads from the A fragments
         for lane in range(32):
             g, t = lane // 4, lane % 4
             for reg in range(4):  # register h + 2 kh: row g + 8h, k = 2t + 8 kh + {0, 1}
                 h, kh = reg % 2, reg // 2
-                lo, hi = word(lane, hmma.tc8_a_word(mma, reg))
+                lo, hi = word(lane, hmma.tc_row_a_word(mma, reg))
                 a_tile[g + 8 * h, 2 * t + 8 * kh], a_tile[g + 8 * h, 2 * t + 8 * kh + 1] = lo, hi
         for half in range(2):
             c = a_tile @ b[half]  # [A row, n]
             for lane in range(32):
                 g, t = lane // 4, lane % 4
                 for reg in range(4):  # value 2h + v: row g + 8h, n = 2t + v
-                    sums[lane, hmma.tc8_sum_local(mma, half, reg)] = c[g + 8 * (reg // 2), 2 * t + reg % 2]
-    for m in (4, 8):  # H8's local bits (column bits 2, 6)
-        for local in range(16):
+                    sums[lane, hmma.tc_row_sum_local(mma, half, reg)] = c[g + 8 * (reg // 2), 2 * t + reg % 2]
+    m = 4
+    while m < n_local:  # H8's local bits
+        for local in range(n_local):
             if not local & m:
                 lo, hi = sums[:, local].copy(), sums[:, local | m].copy()
                 sums[:, local], sums[:, local | m] = lo + hi, lo - hi
-    lanes = np.arange(32)
-    other = sums[lanes ^ 4]  # column bit 5: lane xor 4, the upper lane takes other - own
-    upper = ((lanes >> 2) & 1)[:, None] == 1
-    sums = np.where(upper, other - sums, sums + other)
+        m *= 2
+    lanes_idx = np.arange(32)
+    for xm in sorted(layout.lane_mask(c) for c in range(7) if layout.lane_mask(c))[2:]:  # lane bits past lane % 4
+        other = sums[lanes_idx ^ xm]  # the upper lane takes other - own
+        upper = ((lanes_idx & xm) != 0)[:, None]
+        sums = np.where(upper, other - sums, sums + other)
     for lane in range(32):
-        for local in range(16):
-            assert sums[lane, local] == expect[row_of(lane), col(lane, local)], (lane, local)
+        for local in range(n_local):
+            assert sums[lane, local] == expect[lane // lanes, col(lane, local)], (lane, local)

@@ -45,7 +45,7 @@ def _every_tactic_set(t, n, k, out_format):
 
     extra = {Tactic(tile_m=tm, epilogue_warpgroups=2, cluster_m=cm) for tm in (64, 128) for cm in (1, 2)}
     extra |= {Tactic(tile_m=tm, epilogue_warpgroups=ewg, separate_epilogue=True) for tm, ewg in ((64, 2), (128, 1))}
-    tc = {Tactic(tile_m=tm, tensor_core_hadamard=True) for tm in (64, 128)}
+    tc = {Tactic(tile_m=tm, tensor_core_hadamard=True, epilogue_warpgroups=e) for tm in (64, 128) for e in (1, 2)}
     if out_format == "mxfp4":  # every candidate the tuner times, and the knobs on their own
         return set(valid_tactics("sm_90a", t, n, k)) | extra | tc | {Tactic(tile_m=64, pdl=False)}
     return {Tactic(tile_m=64), Tactic(tile_m=128)} | extra | tc  # what differs: the row layout
@@ -72,9 +72,10 @@ def _precompiled():
             jobs.append(job(chosen, n, k, had, rnd, "mxfp4"))
         for had, fmt in itertools.product((False, True), ("fp8", "fp8-unscaled")):
             jobs += [job(tac, n, k, had, "floor-ties", fmt) for tac in (chosen, dataclasses.replace(chosen, split_k=1))]
-        tc = Tactic(tile_m=64 if t <= 128 else 128, tensor_core_hadamard=True)
-        jobs += [job(tc, n, k, True, rnd, "mxfp4") for rnd in ("floor-ties", "rne")]
-        jobs += [job(tc, n, k, True, "floor-ties", fmt) for fmt in ("fp8", "fp8-unscaled")]
+        for ewg in (1, 2):
+            tc = Tactic(tile_m=64 if t <= 128 else 128, tensor_core_hadamard=True, epilogue_warpgroups=ewg)
+            jobs += [job(tc, n, k, True, rnd, "mxfp4") for rnd in ("floor-ties", "rne")]
+            jobs += [job(tc, n, k, True, "floor-ties", fmt) for fmt in ("fp8", "fp8-unscaled")]
     for (t, n, k), (had, rnd, fmt) in itertools.product(SEPARATE_CASES, SEPARATE_NUMERICS):
         jobs += [job(tac, n, k, had, rnd, fmt, pos) for tac in (FUSED_E2, SEPARATE_E2) for pos in ("int64", "int32")]
     for t, n in TACTIC_CASES:
@@ -264,17 +265,18 @@ def test_fused_mxfp4_matches_reference(t, n, k, big_cos_sin):
 
 @pytest.mark.parametrize("t", MS)
 @pytest.mark.parametrize("n,k", list(itertools.product(NS, KS)))
-def test_tensor_core_hadamard_matches_reference(t, n, k, big_cos_sin):
-    """The Hadamard's H16 factor on the tensor cores (tensor_core_hadamard, mma.sync): the
-    SPEC's criteria as for the butterfly, for MXFP4 in both roundings and for FP8 (FP8: the
-    cuBLAS chain's bytes, as near as the tensor core's summation order of each 16 exact
-    products allows)."""
+@pytest.mark.parametrize("epilogue_warpgroups", (1, 2))
+def test_tensor_core_hadamard_matches_reference(t, n, k, epilogue_warpgroups, big_cos_sin):
+    """The Hadamard's H16 factor on the tensor cores (tensor_core_hadamard, mma.sync; two rows
+    a thread in one epilogue warpgroup, one row a thread in two): the SPEC's criteria as for
+    the butterfly, for MXFP4 in both roundings and for FP8 (FP8: the cuBLAS chain's bytes,
+    as near as the tensor core's summation order of each 16 exact products allows)."""
     _needs_sm90()
     from indexer_q import prepare_weights
     from tuning.bench import cublas_reference_chain
 
     seed = int.from_bytes(os.urandom(4), "little")
-    tactic = Tactic(tile_m=64 if t <= 128 else 128, tensor_core_hadamard=True)
+    tactic = Tactic(tile_m=64 if t <= 128 else 128, tensor_core_hadamard=True, epilogue_warpgroups=epilogue_warpgroups)
     for rounding in ("floor-ties", "rne"):
         _check_case(t, n, k, True, rounding, "mxfp4", seed, big_cos_sin, tactic=tactic)
     x = _inputs(t, n, k, seed, big_cos_sin)

@@ -360,8 +360,8 @@ def test_swap_ab_positions_int32_and_out_of_range(big_cos_sin, precompiled):
         assert torch.equal(q, cq) and torch.equal(s, cs), tactic
 
 
-# The Hadamard's H16 factor on the tensor cores at 8 lanes a row (tensor_core_hadamard on
-# swap_ab): the same products, summed 16 at a time in the tensor core's order, so held to the
+# The Hadamard's H16 factor on the tensor cores, one row a thread at 8 lanes
+# (tensor_core_hadamard on swap_ab, hadamard_mma_sm90.tc_hadamard_row): the same products, summed 16 at a time in the tensor core's order, so held to the
 # native tensor-core Hadamard's allowance against the butterfly, every format with the
 # Hadamard. Tiles of 8-64 tokens; unsplit, split (gathering and reduce-scatter), heads
 # sharing the quantizer, token tiles sharing the weight; M below a tile and across several.

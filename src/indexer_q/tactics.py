@@ -239,6 +239,10 @@ def _candidates():
     # rastered along N, a wave's CTAs share their M tiles: 7% ahead of the tables' choice at
     # TP8 M = 16384 in one forced run, 24% behind at V4-Pro (H200, nineteenth session)
     yield Tactic(tile_m=128, tensor_core_hadamard=True, stages=3, raster_along_m=False)
+    # in two epilogue warpgroups, one row a thread (and in the consumers' helper rows): ~22%
+    # fewer epilogue instructions than their butterfly (CPU count, twentieth session)
+    for tile_m, stages in ((128, 0), (128, 3), (64, 0)):
+        yield Tactic(tile_m=tile_m, epilogue_warpgroups=2, tensor_core_hadamard=True, stages=stages)
     yield Tactic(tile_m=64, split_k=4, epilogue_warpgroups=2)
     for stages in (3, 4):
         yield Tactic(tile_m=128, epilogue_warpgroups=2, stages=stages)
