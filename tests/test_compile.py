@@ -285,10 +285,10 @@ def test_config_rejections():
     assert not Sm100FusedIndexerQ.can_implement(GemmConfig(arch="sm_100a", tile_m=64), 8192, 1536)
     assert not Sm90FusedIndexerQ.can_implement(GemmConfig(cluster_n=2), 1152, 1536)  # 9 heads
     assert not Sm90FusedIndexerQ.can_implement(GemmConfig(), 8192, 1000)
-    # the tensor-core Hadamard: one epilogue warpgroup, sm_90a only
+    # the tensor-core Hadamard: one or two epilogue warpgroups (two or one rows a thread), sm_90a only
     had = dict(hadamard=True, tensor_core_hadamard=True)
     assert Sm90FusedIndexerQ.can_implement(GemmConfig(**had), 8192, 1536)
-    assert not Sm90FusedIndexerQ.can_implement(GemmConfig(epilogue_warpgroups=2, **had), 8192, 1536)
+    assert Sm90FusedIndexerQ.can_implement(GemmConfig(epilogue_warpgroups=2, **had), 8192, 1536)
     assert Sm90FusedIndexerQ.can_implement(GemmConfig(epilogue_warpgroups=2, tensor_core_hadamard=True), 8192, 1536)
     assert not Sm100FusedIndexerQ.can_implement(GemmConfig(arch="sm_100a", **had), 8192, 1536)
 
