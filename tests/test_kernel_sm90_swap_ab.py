@@ -361,25 +361,25 @@ def test_swap_ab_positions_int32_and_out_of_range(big_cos_sin, precompiled):
 
 
 # The Hadamard's H16 factor on the tensor cores, one row a thread at 8 lanes
-# (tensor_core_hadamard on swap_ab, hadamard_mma_sm90.tc_hadamard_row): the same products, summed 16 at a time in the tensor core's order, so held to the
-# native tensor-core Hadamard's allowance against the butterfly, every format with the
-# Hadamard. Tiles of 8-64 tokens; unsplit, split (gathering and reduce-scatter), heads
-# sharing the quantizer, token tiles sharing the weight; M below a tile and across several.
+# (tensor_core_hadamard on swap_ab, hadamard_mma_sm90.tc_hadamard_row): the same products,
+# summed 16 at a time in the tensor core's order, so held to the native tensor-core
+# Hadamard's allowance against the butterfly, every format with the Hadamard. Tiles of 8-64
+# tokens; unsplit, split (gathering and reduce-scatter), heads sharing the quantizer, token
+# tiles sharing the weight; M below a tile and across several.
+def _fused_tile(tile_m, epilogue_warpgroups=2, pipelined_promotion=True, **knobs):
+    return Tactic(kind="swap_ab", tile_m=tile_m, epilogue_warpgroups=epilogue_warpgroups, fused_act_quant=True,
+                  pipelined_promotion=pipelined_promotion, **knobs)
+
+
 TC8_CASES = [
-    (1, 8192, 1536, Tactic(kind="swap_ab", tile_m=8, epilogue_warpgroups=2, fused_act_quant=True)),
-    (7, 1024, 1536, Tactic(kind="swap_ab", tile_m=8, split_k=4, epilogue_warpgroups=2, fused_act_quant=True,
-                           pipelined_promotion=True)),
-    (13, 8192, 1536, Tactic(kind="swap_ab", tile_m=16, cluster_n=2, epilogue_warpgroups=2, fused_act_quant=True,
-                            pipelined_promotion=True)),
-    (33, 8192, 1024, Tactic(kind="swap_ab", tile_m=32, split_k=2, epilogue_warpgroups=2, fused_act_quant=True,
-                            pipelined_promotion=True)),
-    (64, 8192, 1536, Tactic(kind="swap_ab", tile_m=32, cluster_n=2, epilogue_warpgroups=2, fused_act_quant=True,
-                            pipelined_promotion=True)),
-    (40, 8192, 1024, Tactic(kind="swap_ab", tile_m=16, cluster_m=2, epilogue_warpgroups=2, fused_act_quant=True,
-                            pipelined_promotion=True)),
-    (100, 1024, 1536, Tactic(kind="swap_ab", tile_m=64, split_k=2, epilogue_warpgroups=2, fused_act_quant=True,
-                             pipelined_promotion=True)),
-    (200, 1024, 1024, Tactic(kind="swap_ab", tile_m=16, epilogue_warpgroups=1, fused_act_quant=True)),
+    (1, 8192, 1536, _fused_tile(8, pipelined_promotion=False)),
+    (7, 1024, 1536, _fused_tile(8, split_k=4)),
+    (13, 8192, 1536, _fused_tile(16, cluster_n=2)),
+    (33, 8192, 1024, _fused_tile(32, split_k=2)),
+    (64, 8192, 1536, _fused_tile(32, cluster_n=2)),
+    (40, 8192, 1024, _fused_tile(16, cluster_m=2)),
+    (100, 1024, 1536, _fused_tile(64, split_k=2)),
+    (200, 1024, 1024, _fused_tile(16, epilogue_warpgroups=1, pipelined_promotion=False)),
 ]
 TC8_FORMATS = [("mxfp4", "floor-ties"), ("mxfp4", "rne"), ("fp8", "floor-ties"), ("fp8-unscaled", "floor-ties"),
                ("bf16", "floor-ties")]
