@@ -478,13 +478,24 @@ def plot(rows, stem: Path):
     fig.savefig(stem.with_name(stem.name + "_speedup.png"), dpi=110)
 
 
-def forced_tactics(m: int, n: int, k: int, specs=(), where=(), every=False) -> dict:
+def forced_tactics(m: int, n: int, k: int, specs=(), where=(), every=False, twins=()) -> dict:
     """The forced contenders at (M, N, K): each spec's fields over the heuristic's tactic
-    (named by the spec), then every valid tactic (`every`) or those matching any of `where`'s
-    fields (named by their fields)."""
-    from indexer_q.tactics import heuristic, valid_tactics
+    (named by the spec), each twin's fields over the tactic the op picks (`table+<twin>`: a
+    kernel change A/B'd on the tables' own choices), then every valid tactic (`every`) or
+    those matching any of `where`'s fields (named by their fields)."""
+    import torch
+
+    from indexer_q.dispatch import choose_tactic
+    from indexer_q.tactics import can_run, heuristic, valid_tactics
 
     tactics = {spec: dataclasses.replace(heuristic("sm_90a", m, n, k), **parse_fields(spec)) for spec in specs}
+    for twin in twins:  # skipped where the twin cannot run (e.g. a field the picked kind lacks)
+        try:
+            t = dataclasses.replace(choose_tactic("sm_90a", torch.device("cuda"), m, n, k), **parse_fields(twin))
+        except (TypeError, ValueError):
+            continue
+        if can_run("sm_90a", t, n, k):
+            tactics[f"table+{twin}"] = t
     wanted = [parse_fields(spec) for spec in where]
     for t in valid_tactics("sm_90a", m, n, k) if every or wanted else []:
         if every or any(all(getattr(t, f) == v for f, v in w.items()) for w in wanted):
@@ -502,6 +513,9 @@ def main(argv=None):
     ap.add_argument("--no-hadamard", action="store_true")
     ap.add_argument("--tactic", nargs="*", default=[],
                     help="also time forced tactics, each 'field=value,...' over the heuristic's")
+    ap.add_argument("--table-twin", nargs="*", default=[],
+                    help="also time the tactic the op picks with these fields replaced, each "
+                         "'field=value,...' (e.g. tensor_core_hadamard=True)")
     ap.add_argument("--all-tactics", action="store_true", help="also time every valid tactic")
     ap.add_argument("--tactics-where", nargs="*", default=[],
                     help="also time every valid tactic with these fields, each 'field=value,...' "
@@ -530,7 +544,7 @@ def main(argv=None):
     for i, (shape, fmt_, m) in enumerate(jobs):
         progress(i, len(jobs), f"{shape} {fmt_} M={m}")
         n, k = SHAPES[shape]
-        tactics = forced_tactics(m, n, k, args.tactic, args.tactics_where, args.all_tactics)
+        tactics = forced_tactics(m, n, k, args.tactic, args.tactics_where, args.all_tactics, args.table_twin)
         row = {"shape": shape} | bench_shape(m, n, k, bw, hadamard=not args.no_hadamard, out_format=fmt_,
                                               tactics=tactics, peers=not args.no_peers,
                                               interleave=not args.sequential,
