@@ -74,6 +74,20 @@ def test_bench_forces_the_tactics_asked_for():
     assert len(bench.forced_tactics(m, n, k, every=True)) == len(valid_tactics("sm_90a", m, n, k))
 
 
+def test_bench_table_twin_replaces_fields_of_the_ops_own_tactic(monkeypatch):
+    """bench --table-twin: the tactic the op picks (here stubbed) with the given fields
+    replaced, named `table+<fields>`; a twin that cannot run, or names no field, is left out."""
+    import dataclasses
+
+    from indexer_q import dispatch
+
+    m, n, k = 64, 8192, 1536
+    picked = Tactic(kind="swap_ab", tile_m=32, epilogue_warpgroups=2, fused_act_quant=True, pipelined_promotion=True)
+    monkeypatch.setattr(dispatch, "choose_tactic", lambda *a, **kw: picked)
+    twins = bench.forced_tactics(m, n, k, twins=["tensor_core_hadamard=True", "split_k=5", "no_such_field=1"])
+    assert twins == {"table+tensor_core_hadamard=True": dataclasses.replace(picked, tensor_core_hadamard=True)}
+
+
 def test_warm_activations_copy_only_the_weights():
     """bench --warm-activations: the input sets share qr and the positions (one copy, left in
     L2), each has its own weight; so do the peers' operands (`_per_set`); and more sets are
