@@ -14,3 +14,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def selected_calls(request):
+    """[(test name, params)] of this module's tests that will run (after -k / -m
+    deselection), so that a module's precompile fixture compiles only their kernels (a
+    subset of a GPU module then fits one device call)."""
+    return [(item.originalname, dict(item.callspec.params) if hasattr(item, "callspec") else {})
+            for item in request.session.items if item.module is request.module]

@@ -52,13 +52,17 @@ def _tactics(t, n, k):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _precompiled():
+def _precompiled(selected_calls):
+    """The selected shapes' kernels, compiled at once (every valid tactic x 8 numerics: ~3600
+    kernels for all 36 shapes, more than one device call compiles; select with -k, e.g.
+    `-k "1024-1024"`)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         return
     from indexer_q import jit
 
+    shapes = {(p["t"], p["n"], p["k"]) for _, p in selected_calls if {"t", "n", "k"} <= p.keys()}
     jobs = []
-    for t, n, k in SHAPES:
+    for t, n, k in sorted(shapes):
         for tactic in _tactics(t, n, k):
             for fmt, had, rnd in (OWN,) + FORMATS:
                 jobs.append((tactic.to_config("sm_90a", hadamard=had, fp4_rounding=rnd, out_format=fmt,

@@ -52,9 +52,10 @@ def _every_tactic_set(t, n, k, out_format):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _precompiled():
-    """The kernels of this module's tests, compiled at once in worker processes (one after
-    another they took minutes)."""
+def _precompiled(selected_calls):
+    """The kernels of this module's selected tests, compiled at once in worker processes (one
+    after another they took minutes): the shapes the selected tests take, the two-kernel
+    cases if one of their tests runs, the every-tactic sets of its selected cases."""
     if not torch.cuda.is_available():
         return
     import dataclasses
@@ -65,8 +66,12 @@ def _precompiled():
         return (tactic.to_config("sm_90a", hadamard=hadamard, fp4_rounding=rounding, out_format=fmt,
                                  positions_dtype=pos), n, k)
 
+    def params(test, *keys):
+        return sorted({tuple(p[key] for key in keys) for name, p in selected_calls
+                       if (test is None or name == test) and set(keys) <= p.keys()}, key=repr)
+
     jobs = []
-    for t, n, k in itertools.product(MS, NS, KS):
+    for t, n, k in params(None, "t", "n", "k"):
         chosen = dispatch.choose_tactic("sm_90a", torch.device("cuda"), t, n, k)
         for had, rnd in itertools.product((False, True), ("floor-ties", "rne")):
             jobs.append(job(chosen, n, k, had, rnd, "mxfp4"))
@@ -76,12 +81,12 @@ def _precompiled():
             tc = Tactic(tile_m=64 if t <= 128 else 128, tensor_core_hadamard=True, epilogue_warpgroups=ewg)
             jobs += [job(tc, n, k, True, rnd, "mxfp4") for rnd in ("floor-ties", "rne")]
             jobs += [job(tc, n, k, True, "floor-ties", fmt) for fmt in ("fp8", "fp8-unscaled")]
-    for (t, n, k), (had, rnd, fmt) in itertools.product(SEPARATE_CASES, SEPARATE_NUMERICS):
-        jobs += [job(tac, n, k, had, rnd, fmt, pos) for tac in (FUSED_E2, SEPARATE_E2) for pos in ("int64", "int32")]
-    for t, n in TACTIC_CASES:
-        for fmt in ("mxfp4", "fp8"):
-            base = Tactic(tile_m=128, pdl=False)
-            jobs += [job(tac, n, 1536, True, "rne", fmt) for tac in _every_tactic_set(t, n, 1536, fmt) | {base}]
+    separate = params("test_separate_epilogue_writes_the_fused_bytes", "t", "n", "k", "positions_dtype")
+    for (t, n, k, pos), (had, rnd, fmt) in itertools.product(separate, SEPARATE_NUMERICS):
+        jobs += [job(tac, n, k, had, rnd, fmt, str(pos).removeprefix("torch.")) for tac in (FUSED_E2, SEPARATE_E2)]
+    for t, n, fmt in params("test_every_tactic_writes_the_same_bytes", "t", "n", "out_format"):
+        base = Tactic(tile_m=128, pdl=False)
+        jobs += [job(tac, n, 1536, True, "rne", fmt) for tac in _every_tactic_set(t, n, 1536, fmt) | {base}]
     errors = jit.precompile(jobs)
     assert not errors, errors[:3]
 
