@@ -19,7 +19,10 @@ step() {  # name, timeout seconds, command...
   [ $rc -eq 0 ] || fails=$((fails + 1))
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader > "$out/gpu.txt"
-step tests_criterion 420 python3 -m pytest -q -p no:cacheprovider tests/test_criterion_gpu.py
+# every valid tactic x 8 numerics per (N, K): ~900-1100 kernels each, so one step a shape pair
+for nk in 1024-1024 1024-1536 8192-1024 8192-1536; do
+  step tests_criterion_$nk 590 python3 -m pytest -q -p no:cacheprovider tests/test_criterion_gpu.py -k "$nk"
+done
 step tests_swap_ab 200 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_sm90_swap_ab.py
 step tests_kernel 420 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_sm90.py -k "not fp8"
 step tests_op 300 python3 -m pytest -q -p no:cacheprovider tests/test_op_gpu.py
