@@ -9,7 +9,8 @@ after another, which let the same kernel measure up to 8% apart by its place in 
 Contenders, per (shape, M):
   fused            the op with its default tactic choice (table, else heuristic)
   fused[<tactic>]  each valid tactic forced (--all-tactics, or those whose fields match
-                   --tactics-where) or those given by --tactic
+                   --tactics-where) or those given by --tactic; fused[table+<fields>] the
+                   op's own choice with those fields replaced (--table-twin)
   unfused          the chain a Hopper engine runs today: activation quantization (our
                    kernel), cuBLAS block-scaled FP8 GEMM (torch._scaled_mm, 1x128 /
                    128x128 scales, bf16 out), the Triton RoPE + Hadamard + MXFP4 kernel
