@@ -50,8 +50,9 @@ class GemmConfig:
     # swapped-A/B kernel: 8 lanes a row).
     epilogue_warpgroups: int = 1
     # The Hadamard's H16 factor as bf16 mma.sync against a +-1 matrix held in registers
-    # (H8 a butterfly in registers; each thread ends with whole MXFP4 blocks) instead of a
-    # butterfly of shuffles; needs one epilogue warpgroup. Ignored without the Hadamard.
+    # (H8 a butterfly in registers) instead of a butterfly of shuffles: two rows a thread in
+    # the native kernel's one epilogue warpgroup, one row a thread in its two and in the
+    # swapped-A/B kernel (hadamard_mma_sm90). Ignored without the Hadamard.
     tensor_core_hadamard: bool = False
     # swap_ab: the kernel quantizes the activation itself (SPEC step 1, the act_quant
     # kernel's arithmetic) into shared memory in the layout its MMA reads, while the

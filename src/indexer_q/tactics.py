@@ -36,7 +36,7 @@ class Tactic:
     split_k: int = 1
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
     epilogue_warpgroups: int = 1  # 2: twice the epilogue warps (see GemmConfig)
-    # the Hadamard's H16 factor as a bf16 MMA (native: one epilogue warpgroup; swap_ab: 8 lanes a row)
+    # the Hadamard's H16 factor as a bf16 MMA (native: 1 or 2 epilogue warpgroups; swap_ab: 8 lanes a row)
     tensor_core_hadamard: bool = False
     # swap_ab: the kernel quantizes the activation itself (one launch instead of two)
     fused_act_quant: bool = False
