@@ -46,9 +46,15 @@ SHAPES = list(itertools.product(MS, NS, KS))
 
 
 def _tactics(t, n, k):
+    """Every valid tactic, or with INDEXER_Q_TEST_TACTICS_WHERE="field=value,..." those with
+    these fields (a device call's share, e.g. the tactics a kernel change touched)."""
     from indexer_q.tactics import valid_tactics
+    from tuning.bench import parse_fields
 
-    return sorted(valid_tactics("sm_90a", t, n, k), key=repr)
+    where = os.environ.get("INDEXER_Q_TEST_TACTICS_WHERE", "")
+    wanted = parse_fields(where) if where else {}
+    return sorted((x for x in valid_tactics("sm_90a", t, n, k) if all(getattr(x, f) == v for f, v in wanted.items())),
+                  key=repr)
 
 
 @pytest.fixture(scope="module", autouse=True)
