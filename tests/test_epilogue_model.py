@@ -271,3 +271,19 @@ def test_tensor_core_hadamard_one_row_a_thread_bookkeeping(lanes):
     for lane in range(32):
         for local in range(n_local):
             assert sums[lane, local] == expect[lane // lanes, col(lane, local)], (lane, local)
+
+
+def test_sixteen_byte_stores_where_the_layout_allows():
+    """epilogue.v4_stores_fit: a thread's output words of a row in aligned runs of 4 (one
+    16-byte store each). At 4 lanes a row bf16 and both FP8 formats fit, MXFP4's runs of 2
+    words do not; at 8 lanes only bf16; sm_100a's row a thread and the tensor-core
+    Hadamard's output layout fit every format."""
+    from indexer_q.kernels import epilogue as epi
+    from indexer_q.kernels import hadamard_mma_sm90 as hmma
+
+    formats = (epi.OUT_MXFP4, epi.OUT_FP8, epi.OUT_FP8_UNSCALED, epi.OUT_BF16)
+    fits = {name: tuple(epi.v4_stores_fit(layout, f) for f in formats)
+            for name, layout in (("4 lanes", epi.SM90_EPI_ROW_LAYOUT), ("8 lanes", epi.SM90_EPI8_ROW_LAYOUT),
+                                 ("sm_100a", epi.SM100_ROW_LAYOUT), ("tc out", hmma.SM90_MMA_HADAMARD_OUT_LAYOUT))}
+    assert fits == {"4 lanes": (False, True, True, True), "8 lanes": (False, False, False, True),
+                    "sm_100a": (True,) * 4, "tc out": (True,) * 4}

@@ -259,3 +259,18 @@ def test_sass_mix_of_the_row_epilogue():
         pytest.skip("needs cuobjdump")
     total, per_value = mix("mxfp4", True, 4, 2)
     assert per_value["FADD"] == 5.5 and total / 64 < 30, (total, per_value)
+
+
+def test_restamp_compare_refuses_by_numerics():
+    """Without --timed-numerics-only any changed digest refuses; with it only the tuner's
+    numerics (index 0) does, and the other numerics that moved are reported."""
+    from tuning import restamp
+
+    n = len(restamp.NUMERICS)
+    old = [["a"] * n, ["b"] * n]
+    fp8_only = [["a"] * n, ["b"] * (n - 2) + ["x", "b"]]
+    assert restamp.compare(old, old, False) == ([], [])
+    assert restamp.compare(old, fp8_only, False) == ([1], [n - 2])
+    assert restamp.compare(old, fp8_only, True) == ([], [n - 2])
+    timed = [["a"] * n, ["y"] + ["b"] * (n - 1)]
+    assert restamp.compare(old, timed, True) == ([1], [])

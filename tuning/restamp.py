@@ -12,6 +12,11 @@ side's launch: grid, cluster, block, shared-memory size, PDL; the PTX does not) 
 table's kernel_fingerprint set to this tree's (then `tune --merge` rebuilds the packaged
 table). Otherwise nothing is written and the tactics whose code changed are listed:
 re-tune those tables on the GPU.
+
+`--timed-numerics-only`: only the numerics the tuner times (NUMERICS[0]: MXFP4 with the
+Hadamard) must compile to the same code; changes under the others are listed, not refused.
+A table's timings are of that numerics alone, so they stay valid; use it for a change that
+touches only other formats' code, with a GPU A/B of those formats and their byte tests.
 """
 from __future__ import annotations
 
@@ -47,17 +52,18 @@ def table_jobs(paths: list[Path]) -> tuple[str, list[dict]]:
     return arches.pop(), list(jobs.values())
 
 
-def dump_digests(arch: str, jobs: list[dict]) -> list[str]:
+def dump_digests(arch: str, jobs: list[dict]) -> list[list[str]]:
     """In this process's source tree: for each job, sha256 of its PTX and clean IR under
-    every NUMERICS. Run as the worker, with CUTE_DSL_KEEP=ir and CUTE_DSL_DUMP_DIR set."""
+    each of NUMERICS. Run as the worker, with CUTE_DSL_KEEP=ir and CUTE_DSL_DUMP_DIR set."""
     from indexer_q import jit
     from indexer_q.tactics import Tactic
 
     ir_dir = Path(os.environ["CUTE_DSL_DUMP_DIR"])
     out = []
     for job in jobs:
-        h = hashlib.sha256()
+        per_numerics = []
         for numerics in NUMERICS:
+            h = hashlib.sha256()
             config = Tactic.from_dict(job["tactic"]).to_config(arch, **numerics)
             for old in ir_dir.glob("*"):
                 old.unlink()
@@ -68,7 +74,8 @@ def dump_digests(arch: str, jobs: list[dict]) -> list[str]:
                     raise RuntimeError(f"restamp: {[f.name for f in files]} for {job}, {numerics}")
                 for f in files:
                     h.update(f.read_bytes())
-        out.append(h.hexdigest())
+            per_numerics.append(h.hexdigest())
+        out.append(per_numerics)
     return out
 
 
@@ -97,6 +104,14 @@ def digests_in(trees: list[tuple[Path, str]], arch: str, jobs: list[dict], tmp: 
     return out
 
 
+def compare(old: list[list[str]], new: list[list[str]], timed_only: bool) -> tuple[list[int], list[int]]:
+    """(the jobs whose change refuses the restamp, the NUMERICS indices past the tuner's
+    whose code changed in some job); digests [job][numerics] as dump_digests gives them."""
+    refused = [j for j, (a, b) in enumerate(zip(old, new)) if (a[0] != b[0] if timed_only else a != b)]
+    untimed = [i for i in range(1, len(NUMERICS)) if any(a[i] != b[i] for a, b in zip(old, new))]
+    return refused, untimed
+
+
 def fingerprint_in(tree: Path, arch: str) -> str:
     env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{tree}")
     code = f"from indexer_q.table import kernel_fingerprint; print(kernel_fingerprint({arch!r}))"
@@ -108,6 +123,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tables", nargs="*", type=Path)
     ap.add_argument("--baseline", help="the git revision whose kernels the tables were tuned with")
+    ap.add_argument("--timed-numerics-only", action="store_true",
+                    help="refuse only changes under the numerics the tuner times (module doc)")
     ap.add_argument("--dump", nargs=2, metavar=("JOBS", "OUT"), help=argparse.SUPPRESS)  # worker mode
     args = ap.parse_args(argv)
     if args.dump:
@@ -136,16 +153,21 @@ def main(argv=None) -> int:
             old, new = digests_in([(base, old_fp), (ROOT, new_fp)], arch, jobs, Path(tmp))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
-    changed = [job for job, a, b in zip(jobs, old, new) if a != b]
-    if changed:
-        print(f"restamp: the code of {len(changed)} of {len(jobs)} tactics changed; re-tune. First: {changed[0]}")
+    refused, untimed = compare(old, new, args.timed_numerics_only)
+    if refused:
+        print(f"restamp: the code of {len(refused)} of {len(jobs)} tactics changed; re-tune. First: "
+              f"{jobs[refused[0]]}")
         return 1
+    if untimed:
+        print(f"restamp: {len(jobs)} tactics keep their code under the tuner's numerics; it changed under "
+              f"{', '.join(str(NUMERICS[i]) for i in untimed)}")
     from indexer_q.table import write_table
 
     for path in args.tables:
         doc = json.loads(path.read_text())
         write_table(path, doc["metadata"] | {"kernel_fingerprint": new_fp}, doc["entries"])
-    print(f"restamp: {len(jobs)} tactics compile to the same PTX and IR; {len(args.tables)} tables "
+    what = " under the tuner's numerics" if untimed else ""
+    print(f"restamp: {len(jobs)} tactics compile to the same PTX and IR{what}; {len(args.tables)} tables "
           f"{old_fp} -> {new_fp}")
     return 0
 
