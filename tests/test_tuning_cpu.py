@@ -23,6 +23,24 @@ def test_bench_writes_json_csv_markdown(tmp_path):
     assert "| v4-pro | mxfp4 | 2 | 20.0 | 40.0 |" in md and "2026-11-30" in md
 
 
+def test_bench_markdown_lists_the_forced_tactics(tmp_path):
+    """Forced contenders (`fused[<name>]_us`) get a table of their own under the main one,
+    '-' where a row did not run one, and their names in a key."""
+    env = {"date": "2026-12-02", "gpu": "X", "sms": 1, "torch": "t", "cuda": "c", "cutlass_dsl": "d",
+           "triton": "r", "indexer_q": "0", "copy_bandwidth_TBps": 4.2}
+    base = {"shape": "v4-pro", "N": 8192, "K": 1536, "hadamard": True, "out_format": "mxfp4", "floor_us": 5.0,
+            "fused_over_floor": 2.0}
+    rows = [base | {"M": 1, "fused_us": 10.0, "fused[tile_m=64]_us": 11.25},
+            base | {"M": 2, "fused_us": 12.0, "fused[split_k=2]_us": 9.5}]
+    bench.write_outputs(env, rows, tmp_path / "b", plots=False)
+    md = (tmp_path / "b.md").read_text()
+    assert "| v4-pro | mxfp4 | 1 | 10.00 | - | 11.25 |" in md and "| v4-pro | mxfp4 | 2 | 12.00 | 9.50 | - |" in md
+    assert "- f0: `split_k=2`" in md and "- f1: `tile_m=64`" in md
+    bench.write_outputs(env, [{k: v for k, v in r.items() if "[" not in k} for r in rows], tmp_path / "c",
+                        plots=False)
+    assert "Forced tactics" not in (tmp_path / "c.md").read_text()
+
+
 def test_bench_markdown_says_where_the_fused_tactics_came_from(tmp_path):
     """A stale table (kernels changed since it was tuned) makes the op fall back to the
     heuristic silently: the bench's markdown says so, with the reason."""

@@ -434,9 +434,27 @@ def write_outputs(env, rows, stem: Path, plots=True):
                      f"{fmt(r, 'fused_over_unfused', 2)} | {fmt(r, 'fused_over_deepgemm_chain', 2)} | "
                      f"{fmt(r, 'fused_over_cublas_gemm', 2)} | {fmt(r, 'fused_over_deepgemm_gemm', 2)} | "
                      f"{fmt(r, 'fused_over_floor', 2)} |")
+    lines += forced_lines(rows)
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     if plots:
         plot(rows, stem)
+
+
+def forced_lines(rows) -> list:
+    """The forced contenders (`fused[<name>]_us`: --tactic, --table-twin, --tactics-where,
+    --all-tactics) beside the op's own `fused`, as markdown: a table a row of the bench."""
+    names = sorted({k[len("fused["):-len("]_us")] for r in rows for k in r
+                    if k.startswith("fused[") and k.endswith("]_us")})
+    if not names:
+        return []
+    lines = ["", "Forced tactics (us; `fused` is the op's own choice, as above):", "",
+             "| shape | format | M | fused | " + " | ".join(f"f{i}" for i in range(len(names))) + " |",
+             "|---|---|---:|---:|" + "---:|" * len(names)]
+    for r in rows:
+        cells = [f"{r[f'fused[{n}]_us']:.2f}" if f"fused[{n}]_us" in r else "-" for n in names]
+        lines.append(f"| {r['shape']} | {r['out_format']} | {r['M']} | {r['fused_us']:.2f} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"- f{i}: `{n}`" for i, n in enumerate(names)]
+    return lines
 
 
 def plot(rows, stem: Path):
