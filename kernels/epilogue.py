@@ -475,7 +475,8 @@ def load_cos_sin(layout: HeadRowLayout, row, m, num_pos, positions, cos_sin, lan
     return cos_vals, sin_vals
 
 
-_VALUES_PER_WORD = {OUT_MXFP4: 8, OUT_BF16: 2}  # FP8 formats: 4
+# values a 32-bit output word holds, by the formats quantize_store_row writes
+_VALUES_PER_WORD = {OUT_MXFP4: 8, OUT_FP8: 4, OUT_FP8_UNSCALED: 4, OUT_BF16: 2}
 
 
 def v4_stores_fit(layout: HeadRowLayout, out_format_id: int) -> bool:
@@ -484,7 +485,7 @@ def v4_stores_fit(layout: HeadRowLayout, out_format_id: int) -> bool:
     Narrow stores of a row whose lanes hold separate 32-byte sectors cost a sector each: at
     4 lanes a row, bf16 rows took 4x the store transactions a byte of MXFP4 rows (H200,
     twentieth session: native tail 7.7 us at V4-Pro M = 256 against 2.5)."""
-    per_word = _VALUES_PER_WORD.get(out_format_id, 4)
+    per_word = _VALUES_PER_WORD[out_format_id]
     if any(layout.lane_mask(b) and (1 << b) % (4 * per_word) for b in range(7)):
         return False
     words = sorted({layout.column_static(v) // per_word for v in range(layout.num_local)})

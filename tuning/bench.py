@@ -452,7 +452,8 @@ def forced_lines(rows) -> list:
              "|---|---|---:|---:|" + "---:|" * len(names)]
     for r in rows:
         cells = [f"{r[f'fused[{n}]_us']:.2f}" if f"fused[{n}]_us" in r else "-" for n in names]
-        lines.append(f"| {r['shape']} | {r['out_format']} | {r['M']} | {r['fused_us']:.2f} | " + " | ".join(cells) + " |")
+        own = f"{r['fused_us']:.2f}" if "fused_us" in r else "-"
+        lines.append(f"| {r['shape']} | {r['out_format']} | {r['M']} | {own} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- f{i}: `{n}`" for i, n in enumerate(names)]
     return lines
 

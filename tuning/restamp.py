@@ -155,7 +155,8 @@ def main(argv=None) -> int:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
     refused, untimed = compare(old, new, args.timed_numerics_only)
     if refused:
-        print(f"restamp: the code of {len(refused)} of {len(jobs)} tactics changed; re-tune. First: "
+        where = " under the tuner's numerics" if args.timed_numerics_only else ""
+        print(f"restamp: the code of {len(refused)} of {len(jobs)} tactics changed{where}; re-tune. First: "
               f"{jobs[refused[0]]}")
         return 1
     if untimed:
