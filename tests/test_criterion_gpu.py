@@ -133,7 +133,8 @@ def _agreement(out_format, got, want):
 @pytest.mark.parametrize("t,n,k", SHAPES)
 def test_every_tactic_on_the_revised_criterion(t, n, k, big_cos_sin):
     _needs_sm90()
-    if not _tactics(t, n, k):
+    tactics = _tactics(t, n, k)
+    if not tactics:
         pytest.skip(f"no valid tactic with INDEXER_Q_TEST_TACTICS_WHERE's fields at M={t} N={n} K={k}")
     from indexer_q import prepare_weights
     from indexer_q.testing import fp4_signed_codes, scale_bytes
@@ -152,7 +153,7 @@ def test_every_tactic_on_the_revised_criterion(t, n, k, big_cos_sin):
         refs[fmt, had] = _steps_3_to_6(q64, x, had, fmt, rnd)
         chains[fmt, had] = _steps_3_to_6(q_cublas, x, had, fmt, rnd)
         chain_agreement[fmt, had] = _agreement(fmt, chains[fmt, had], refs[fmt, had])
-    for tactic in _tactics(t, n, k):
+    for tactic in tactics:
         tag = f"M={t} N={n} K={k} seed={seed} {tactic}"
         q_own, _ = _run_twice(x_own, weights, tactic=tactic, hadamard=False, fp4_rounding="floor-ties",
                               out_format="bf16")
