@@ -62,7 +62,7 @@ class GemmConfig:
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
     epilogue: bool = True
-    # Probe only (epilogue=False; swap_ab): each CTA's consumer and producer write clock
+    # Probe only (epilogue=False; sm_90a): each CTA's consumer and producer write clock
     # stamps at phase boundaries into the unused q output (TRACE_SLOTS int64 a CTA), to
     # see where the decode time goes. Never chosen by the tuner; no code when False.
     trace: bool = False
@@ -143,8 +143,10 @@ class FusedIndexerQGemmBase:
             out.append("tensor_core_hadamard (this kernel: the butterfly only)")
         if config.fused_act_quant and config.kind != "swap_ab":
             out.append("fused_act_quant needs kind='swap_ab'")
-        if config.trace and (config.epilogue or config.arch != "sm_90a" or config.kind != "swap_ab"):
-            out.append("trace needs the sm_90a swap_ab probe (epilogue=False): it writes into the q output")
+        if config.trace and (config.epilogue or config.arch != "sm_90a"
+                             or (config.kind == "native" and config.pipelined_promotion)):
+            out.append("trace needs an sm_90a probe (epilogue=False: it writes into the q output), native "
+                       "without pipelined_promotion (its K loop has no stamps)")
         if config.stages and not 2 <= config.stages <= cls.max_stages(config):
             out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out

@@ -41,6 +41,11 @@ EPI_LANES_PER_ROW = {1: 4, 2: 4}
 # Weight blocks a 128-row tile requests before the PDL wait: more compete for DRAM with the
 # activation quantizer the wait is for (3 against 5: 0.1-0.8 us at M = 128-4096, NOTES 70, 73).
 EARLY_WEIGHT_BLOCKS_TILE128 = 3
+# trace (probe only, GemmConfig.trace): TRACE_SLOTS int64 a CTA in the q output, as the
+# swapped-A/B kernel's where the phases match. Consumer (its first thread): 0 globaltimer
+# at its start, 1 clock64 at its start, 2 after the PDL wait, 4..9 the first tile's K
+# blocks 0..5 in shared memory, 10 its K loop done, 12 it handed to the epilogue, 13
+# globaltimer then; producer: 14 its start, 3 after its PDL wait, 15 every load issued.
 
 
 class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
@@ -338,6 +343,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             k_end = (cta_rank + 1) * k_tiles // self.split_k
         reduce = (reduce_full, reduce_free, sReduce)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+        trace = self._trace_tensor(out_q)
 
         warpgroup = cute.arch.make_warp_uniform(tidx // WARPGROUP)
         if warpgroup == 0:
@@ -345,7 +351,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             if warp_idx == 0:
                 self._producer(
                     ab_pipeline, tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB,
-                    a_mcast_mask, b_mcast_mask, k_begin, k_end, sched_params,
+                    a_mcast_mask, b_mcast_mask, k_begin, k_end, sched_params, trace,
                 )
         elif warpgroup >= self.epi_wg:
             self._set_epilogue_registers()
@@ -363,7 +369,8 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             args = (ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, warpgroup - 1, tidx - WARPGROUP,
-                    k_begin, k_end, sched_params, a_scale, w_scale, reduce, (positions, cos_sin, out_q, out_scale))
+                    k_begin, k_end, sched_params, a_scale, w_scale, reduce, (positions, cos_sin, out_q, out_scale),
+                    trace)
             if cutlass.const_expr(self.split_k == 1):
                 self._consumer(*args, role="whole")
             elif cta_rank == 0:
@@ -374,8 +381,12 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
     @cute.jit
     def _producer(
         self, ab_pipeline, tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, a_mcast_mask,
-        b_mcast_mask, k_begin, k_end, sched_params,
+        b_mcast_mask, k_begin, k_end, sched_params, trace,
     ):
+        lane = 0  # the producer warp's lane, read only for the trace's stamps
+        if cutlass.const_expr(trace is not None):
+            lane = cute.arch.lane_idx()
+        self._stamp(trace, 14, lane)
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
@@ -402,6 +413,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
                     )
                     state.advance()
             cute.arch.griddepcontrol_wait()
+            self._stamp(trace, 3, lane)
             if work.is_valid_tile:
                 tAgA_m = tAgA[(None, self._m_tile(work.tile_idx), None)]
                 for kt in cutlass.range_constexpr(early):
@@ -430,6 +442,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             early = 0  # only the first tile had its first blocks issued above
             sched.advance_to_next_work()
             work = sched.get_current_work()
+        self._stamp(trace, 15, lane)
         if cutlass.const_expr(self.config.pdl):
             # A last round of tiles on at most half the CTAs (V4 M = 257-384 on 128-row tiles):
             # once every load is issued, the next call's activation quantizer may spread over
@@ -446,7 +459,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
     @cute.jit
     def _consumer(
         self, ab_pipeline, epi_pipeline, sQ, tiled_mma, sA, sB, consumer_idx, ctidx, k_begin, k_end,
-        sched_params, a_scale, w_scale, reduce, epi_args, role: cutlass.Constexpr,
+        sched_params, a_scale, w_scale, reduce, epi_args, trace, role: cutlass.Constexpr,
     ):
         """role: "whole" (all K blocks), or in a K split "reduce" (rank 0: adds the other
         ranks' partial tiles, then hands the tile to the epilogue) or "send" (ranks 1..).
@@ -469,8 +482,11 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         mma_per_stage = cute.size(tCrA, mode=[2])
 
         m = a_scale.shape[0]
+        self._stamp(trace, 0, ctidx, global_timer=True)
+        self._stamp(trace, 1, ctidx)
         if cutlass.const_expr(self.config.pdl):
             cute.arch.griddepcontrol_wait()  # the activation scales come from the quantizer
+        self._stamp(trace, 2, ctidx)
         lane = cute.arch.lane_idx()
         warp_in_wg = (ctidx // 32) % 4
         quad_lane = lane % 4
@@ -514,6 +530,9 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
                     sa1 = a_scale[srow1, nxt]
                     sw = w_scale[head, nxt]
                     ab_pipeline.consumer_wait(read_state)
+                    if cutlass.const_expr(trace is not None):
+                        if tiles_done == 0 and kt - k_begin < 6:
+                            self._stamp(trace, 4 + kt - k_begin, ctidx)
                     per = self.config.mma_per_promotion
                     for group in cutlass.range_constexpr(mma_per_stage // per):
                         tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(group * per, (group + 1) * per),
@@ -529,6 +548,9 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
                                 acc[i] = acc[i] + partial[i] * s1
                     read_state.advance()
 
+            if cutlass.const_expr(trace is not None):
+                if tiles_done == 0:
+                    self._stamp(trace, 10, ctidx)
             if cutlass.const_expr(role == "send"):
                 send_partial(acc, reduce, ctidx, tiles_done)
             if cutlass.const_expr(role == "reduce"):
@@ -538,6 +560,10 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             if cutlass.const_expr(role != "send"):
                 self._hand_to_epilogue(acc, epi_pipeline, epi_state, sQ, row_in_tile, quad_lane)
                 epi_state.advance()
+                if cutlass.const_expr(trace is not None):
+                    if tiles_done == 1:
+                        self._stamp(trace, 12, ctidx)
+                        self._stamp(trace, 13, ctidx, global_timer=True)
             sched.advance_to_next_work()
             work = sched.get_current_work()
             if cutlass.const_expr(self.helper_rows > 0):

@@ -48,11 +48,10 @@ from .swap_ab_limits_sm90 import Sm90SwapABLimits
 from .swap_ab_quant_sm90 import WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
 
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
-# trace (probe only): int64 slots a CTA in the q output. Consumer: 0 globaltimer at its
+# trace (probe only): TRACE_SLOTS int64 a CTA in the q output. Consumer: 0 globaltimer at its
 # start, 1 clock64 at its start, 2 after the PDL wait, 3 first tile quantized, 4..9 first
 # tile's K blocks 0..5 in shared memory, 10 K loop done, 11 K split reduced, 12 tile
 # handed to the epilogue, 13 globaltimer then; producer: 14 its start, 15 every load issued
-TRACE_SLOTS = 16
 
 
 class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90EpilogueRoles,
@@ -291,13 +290,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         reduce = (reduce_full, reduce_free, sReduce)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
-        trace = None
-        if cutlass.const_expr(self.config.trace):
-            bx, by, bz = cute.arch.block_idx()
-            gx, gy, _ = cute.arch.grid_dim()
-            cta = bx + gx * (by + gy * bz)
-            trace = cute.make_tensor(cute.recast_ptr(out_q.iterator + cta * (2 * TRACE_SLOTS), dtype=Int64),
-                                     cute.make_layout(TRACE_SLOTS))
+        trace = self._trace_tensor(out_q)
         warpgroup = cute.arch.make_warp_uniform(tidx // WARPGROUP)
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -542,14 +535,3 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             # after its last read: wait for that before exiting, so no remote arrive
             # targets an exited CTA.
             cute.arch.mbarrier_wait(reduce[1], (tiles_done & 1) ^ 1)
-
-    @cute.jit
-    def _stamp(self, trace, slot, thread, global_timer: cutlass.Constexpr = False):
-        """Trace probes only: thread 0 of a role writes the SM clock (or the global ns
-        timer) into its CTA's slot. No code when the kernel is not traced."""
-        if cutlass.const_expr(trace is not None):
-            if thread == 0:
-                if cutlass.const_expr(global_timer):
-                    trace[slot] = cute.arch.globaltimer()
-                else:
-                    trace[slot] = cute.arch.clock64()

@@ -1,6 +1,7 @@
 """What the sm_90a kernels (native and swapped-A/B) share: warp-role constants, the
 WGMMA issue of a K block, the shared-storage struct, the setmaxnreg split, the K split's
-reduction through distributed shared memory and the bf16 hand-off buffer's swizzle.
+reduction through distributed shared memory, the bf16 hand-off buffer's swizzle and the
+trace probe's clock stamps.
 
 Warpgroups of every sm_90a kernel: 0 = TMA producer, 1..C = MMA consumers, C+1.. =
 epilogue (kernels/epilogue_sm90.py).
@@ -10,7 +11,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm, nvvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -28,6 +29,9 @@ ROW_LAYOUTS = {4: epi.SM90_EPI_ROW_LAYOUT, 8: epi.SM90_EPI8_ROW_LAYOUT}
 WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
 BAR_LAST_TILE_HANDED = 2  # the consumers' bf16 rows of the CTA's last tile are all in shared memory
 ACCUMULATE = cute.nvgpu.warpgroup.Field.ACCUMULATE
+# trace probes (GemmConfig.trace): int64 clock stamps a CTA in the unused q output; each
+# kernel's slots are listed beside it (gemm_sm90.py, gemm_sm90_swap_ab.py)
+TRACE_SLOTS = 16
 
 
 def issue_wgmmas(tiled_mma, acc, tCrA, tCrB, k_slices, stage=None, stage_b=None):
@@ -243,3 +247,25 @@ class Sm90KernelBase(FusedIndexerQGemmBase):
             cute.arch.setmaxregister_increase(self.epilogue_regs)
         else:
             cute.arch.setmaxregister_decrease(self.epilogue_regs)
+
+    def _trace_tensor(self, out_q):
+        """Trace probes only (called while a kernel is traced): this CTA's TRACE_SLOTS int64
+        slots in the q output (int32 words); None when the kernel is not traced."""
+        if not self.config.trace:
+            return None
+        bx, by, bz = cute.arch.block_idx()
+        gx, gy, _ = cute.arch.grid_dim()
+        cta = bx + gx * (by + gy * bz)
+        return cute.make_tensor(cute.recast_ptr(out_q.iterator + cta * (2 * TRACE_SLOTS), dtype=Int64),
+                                cute.make_layout(TRACE_SLOTS))
+
+    @cute.jit
+    def _stamp(self, trace, slot, thread, global_timer: cutlass.Constexpr = False):
+        """Trace probes only: thread 0 of a role writes the SM clock (or the global ns
+        timer) into its CTA's slot. No code when the kernel is not traced."""
+        if cutlass.const_expr(trace is not None):
+            if thread == 0:
+                if cutlass.const_expr(global_timer):
+                    trace[slot] = cute.arch.globaltimer()
+                else:
+                    trace[slot] = cute.arch.clock64()

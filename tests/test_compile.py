@@ -2,6 +2,7 @@
 instructions we mean (CI runs this; it is the only check sm_100a gets here)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -176,6 +177,19 @@ def test_sm90_split_k_reduces_through_distributed_shared_memory(split_k, tmp_pat
     _assert_no_spills(ck)
 
 
+@pytest.mark.parametrize("tile_m,split_k", [(128, 1), (64, 2)])
+def test_sm90_native_trace_probe_compiles(tile_m, split_k, tmp_path):
+    """tuning/trace_decode's native probe: clock stamps at the phase boundaries (global
+    timer at the consumer's start and hand-off: a K split's consumer is built twice, its
+    sending ranks' without a hand-off); the plain probe has none."""
+    cfg = GemmConfig(tile_m=tile_m, split_k=split_k, epilogue_warpgroups=2, epilogue=False, trace=True)
+    ptx = _ptx(jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / "trace")))
+    assert ptx.count("%globaltimer") == (2 if split_k == 1 else 3) and ptx.count("%clock64") >= 7
+    plain = _ptx(jit.compile_fused(dataclasses.replace(cfg, trace=False), 8192, 1536,
+                                   keep_dir=str(tmp_path / "plain")))
+    assert "%globaltimer" not in plain and "%clock64" not in plain
+
+
 # Every sm_100a variant: output format x Hadamard x epilogue warpgroups (1, or 2 taking
 # turns by tile). pdl only moves loads around a wait (test_sm100_pdl_...).
 SM100_VARIANTS = [(f, h, e) for f in ("mxfp4", "fp8", "fp8-unscaled") for h in (True, False) for e in (1, 2)]
@@ -291,6 +305,12 @@ def test_config_rejections():
     assert Sm90FusedIndexerQ.can_implement(GemmConfig(epilogue_warpgroups=2, **had), 8192, 1536)
     assert Sm90FusedIndexerQ.can_implement(GemmConfig(epilogue_warpgroups=2, tensor_core_hadamard=True), 8192, 1536)
     assert not Sm100FusedIndexerQ.can_implement(GemmConfig(arch="sm_100a", **had), 8192, 1536)
+    # the phase-clock trace: a probe's (it writes into the q output), not the pipelined loop's
+    assert Sm90FusedIndexerQ.can_implement(GemmConfig(epilogue=False, trace=True), 8192, 1536)
+    assert not Sm90FusedIndexerQ.can_implement(GemmConfig(trace=True), 8192, 1536)
+    assert not Sm90FusedIndexerQ.can_implement(
+        GemmConfig(tile_m=64, pipelined_promotion=True, epilogue=False, trace=True), 8192, 1536)
+    assert not Sm100FusedIndexerQ.can_implement(GemmConfig(arch="sm_100a", epilogue=False, trace=True), 8192, 1536)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -253,6 +253,9 @@ def test_ncu_sass_splits_the_k_loops_stall_samples(tmp_path):
     assert ncu_sass.stall_mix(ncu_sass.k_loop(rows)) == {"barrier": 32, "not_selected": 4}
     assert ncu_sass.stall_mix(rows)["not_selected"] == 14  # the "(Not Issued)" copy is not counted twice
     assert "K loop: 36 samples, 2 instructions;" in ncu_sass.report(path, top=1)
+    assert "[barrier 30]" in ncu_sass.report(path, top=1)  # the top instruction's reasons
+    listing = ncu_sass.listing(path).splitlines()  # program order, every instruction
+    assert len(listing) == 3 and "QGMMA" in listing[1] and listing[2].endswith("[barrier 30]")
 
 
 def test_sass_mix_counts_opcodes():

@@ -60,16 +60,31 @@ def report(directory: Path, top: int) -> str:
              f"  K loop: {sum(_int(r, SAMPLES) for r in loop)} samples, {len(loop)} instructions; "
              f"{shares(stall_mix(loop))}"]
     for row in sorted(rows, key=lambda r: -_int(r, SAMPLES))[:top]:
-        lines.append(f"  {_int(row, SAMPLES):7d} x{_int(row, 'Instructions Executed'):<9d} {row['Source'].strip()[:72]}")
+        lines.append(f"  {_int(row, SAMPLES):7d} x{_int(row, 'Instructions Executed'):<9d} "
+                     f"{row['Source'].strip()[:72]}  [{_reasons(row)}]")
     return "\n".join(lines)
+
+
+def _reasons(row: dict, n: int = 3) -> str:
+    mix = stall_mix([row])
+    return " ".join(f"{name} {v}" for name, v in mix.most_common(n) if v)
+
+
+def listing(directory: Path) -> str:
+    """Every instruction in program order: index, executions, samples, top reasons, SASS."""
+    return "\n".join(f"{i:5d} x{_int(r, 'Instructions Executed'):<8d} {_int(r, SAMPLES):6d}  "
+                     f"{r['Source'].strip()[:80]:80s} [{_reasons(r)}]" for i, r in enumerate(read(directory / "sass.csv")))
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("dirs", nargs="+", type=Path)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--listing", type=Path, help="write the first DIR's whole instruction listing here")
     args = ap.parse_args(argv)
     print("\n\n".join(report(d, args.top) for d in args.dirs))
+    if args.listing:
+        args.listing.write_text(listing(args.dirs[0]) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Where a swapped-A/B decode launch spends its time inside the kernel:
-`python -m tuning.trace_decode --shapes v4-pro --m 16 64 --tactic kind=swap_ab,tile_m=64,...`.
+"""Where a small-M launch spends its time inside the kernel:
+`python -m tuning.trace_decode --shapes v4-pro --m 16 64 --tactic kind=swap_ab,tile_m=64,...`
+(or a native tactic without pipelined_promotion, e.g. `kind=native,tile_m=128,...`).
 
 Runs the tactic's probe (`epilogue=False`) compiled with `trace=True`: each CTA's consumer
-and producer write SM clock stamps at phase boundaries into the unused q output
-(kernels/gemm_sm90_swap_ab.py, TRACE_SLOTS). Each run flushes L2, then reads qr once (an
+and producer write SM clock stamps at phase boundaries into the unused q output (the slots
+are listed in kernels/gemm_sm90_swap_ab.py and kernels/gemm_sm90.py; TRACE_SLOTS a CTA in
+kernels/sm90_parts.py). Each run flushes L2, then reads qr once (an
 engine's qr comes from the kernel before, in L2) and launches eagerly. Printed per phase:
 cycles since the consumer's start, the median CTA and the slowest, medians over the runs;
 the clock rate from the stamps' global timer. One JSON line per case.
@@ -26,9 +28,12 @@ import torch
 
 from tuning.bench import SHAPES, parse_fields
 
-PHASES = {  # name: trace slot (kernels/gemm_sm90_swap_ab.py)
-    "pdl_wait": 2, "quantized": 3, **{f"kb{i}_ready": 4 + i for i in range(6)}, "k_loop_done": 10,
-    "reduced": 11, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15}
+PHASES = {  # kind: {name: trace slot} (kernels/gemm_sm90_swap_ab.py, kernels/gemm_sm90.py)
+    "swap_ab": {"pdl_wait": 2, "quantized": 3, **{f"kb{i}_ready": 4 + i for i in range(6)}, "k_loop_done": 10,
+                "reduced": 11, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15},
+    "native": {"pdl_wait": 2, "producer_pdl_wait": 3, **{f"kb{i}_ready": 4 + i for i in range(6)},
+               "k_loop_done": 10, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15},
+}
 
 
 def trace_once(kernel, operands, x, m: int, n: int, flush: torch.Tensor) -> torch.Tensor:
@@ -92,7 +97,7 @@ class StreamTrace:
 def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict:
     import indexer_q
     from indexer_q import dispatch, jit
-    from indexer_q.kernels.gemm_sm90_swap_ab import TRACE_SLOTS
+    from indexer_q.kernels.sm90_parts import TRACE_SLOTS
     from indexer_q.testing import make_inputs
 
     n, k = SHAPES[shape]
@@ -108,9 +113,9 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict
         operands = (x["qr"], w.weight, w.weight_scale)
     else:
         operands = dispatch._operands("sm_90a", *dispatch.run_act_quant(x["qr"], None), w)
-    # the persistent grid: sms // split_k clusters of split_k CTAs at most (jit's compile_args)
-    ctas = min((sms // tactic.split_k) * tactic.split_k, (n // 128) * -(-m // tactic.tile_m) * tactic.split_k)
-    if m * (n // 2) < ctas * TRACE_SLOTS * 8:
+    # the persistent grid has at most one CTA an SM (jit's compile_args); the CTAs that ran
+    # are those that stamped their start (the output is zeroed before each run)
+    if m * (n // 2) < sms * TRACE_SLOTS * 8:
         raise SystemExit(f"q output too small for the trace at M={m}")
     flush = torch.zeros(64 << 20, dtype=torch.int32, device="cuda")  # 256 MB, five times L2
     if stream:
@@ -119,14 +124,16 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict
         tracer = StreamTrace(kernel, operands, second, x, m, n, flush)
     # phases from the CTA's start, and (stream) from the end of its PDL wait as well
     origins = {"": 1, "since_pdl_wait:": 2} if stream else {"": 1}
-    per_phase = {o + name: {"median": [], "max": []} for o in origins for name in PHASES}
+    phases_of_kind = PHASES[tactic.kind]
+    per_phase = {o + name: {"median": [], "max": []} for o in origins for name in phases_of_kind}
     rates, spans = [], []
     for _ in range(runs):
         raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush)
-        stamps = raw.view(-1, TRACE_SLOTS)[:ctas].tolist()
+        stamps = [s for s in raw.view(-1, TRACE_SLOTS)[:sms].tolist() if s[1] != 0]
+        ctas = len(stamps)
         for origin, origin_slot in origins.items():
             start = [s[origin_slot] for s in stamps]
-            for name, slot in PHASES.items():
+            for name, slot in phases_of_kind.items():
                 d = sorted(s[slot] - s0 for s, s0 in zip(stamps, start) if s[slot] != 0 and s0 != 0)
                 if d:
                     per_phase[origin + name]["median"].append(d[len(d) // 2])
@@ -150,7 +157,8 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["v4-pro"], choices=list(SHAPES))
     ap.add_argument("--m", type=int, nargs="+", default=[16, 64])
-    ap.add_argument("--tactic", required=True, help="swap_ab tactic fields, e.g. kind=swap_ab,tile_m=64,split_k=2")
+    ap.add_argument("--tactic", required=True, help="tactic fields, e.g. kind=swap_ab,tile_m=64,split_k=2 or "
+                    "kind=native,tile_m=128,epilogue_warpgroups=2 (native: no pipelined_promotion)")
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--stream", action="store_true",
                     help="two launches back to back in a CUDA graph (PDL), the second's stamps")
