@@ -295,3 +295,20 @@ def test_restamp_compare_refuses_by_numerics():
     assert restamp.compare(old, fp8_only, True) == ([], [n - 2])
     timed = [["a"] * n, ["y"] + ["b"] * (n - 1)]
     assert restamp.compare(old, timed, True) == ([1], [])
+
+
+def test_trace_outputs_hold_every_ctas_stamps():
+    """tuning.trace_decode: the q output the probe writes its stamps into is the start of a
+    buffer with room for every CTA's slots, however few its M rows (M = 1 at 8192 heads'
+    width holds 4 KB; 132 CTAs write 16.5 KB)."""
+    import torch
+
+    from indexer_q.kernels.sm90_parts import TRACE_SLOTS
+    from tuning.trace_decode import _stamps, trace_outputs
+
+    for m, n in ((1, 8192), (16, 1024), (128, 8192)):
+        buffer, q_words, scale_words = trace_outputs(m, n, "cpu", 132)
+        assert q_words.shape == (m, n // 8) and q_words.dtype == torch.int32
+        assert q_words.data_ptr() == buffer.data_ptr() and scale_words.shape == (m, n // 128)
+        assert buffer.numel() >= max(m * n // 2, 132 * TRACE_SLOTS * 8)
+        assert _stamps(buffer).view(-1, TRACE_SLOTS).shape[0] >= 132

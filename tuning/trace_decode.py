@@ -36,27 +36,37 @@ PHASES = {  # kind: {name: trace slot} (kernels/gemm_sm90_swap_ab.py, kernels/ge
 }
 
 
-def trace_once(kernel, operands, x, m: int, n: int, flush: torch.Tensor) -> torch.Tensor:
-    from indexer_q.reference import empty_outputs
+def trace_outputs(m: int, n: int, device, ctas: int):
+    """(buffer, q_words, q_scale words): the MXFP4 q output of M tokens as int32 words,
+    at the start of a zeroed byte buffer that also holds `ctas` CTAs' stamps (each CTA
+    writes TRACE_SLOTS int64 at cta * TRACE_SLOTS from the q output's start, past its
+    M rows where M is small)."""
+    from indexer_q.kernels.sm90_parts import TRACE_SLOTS
 
-    q, q_scale = empty_outputs(m, n // 128, "mxfp4", x["qr"].device)
-    _cold_start(q, flush, x)
-    q_words = q.view(torch.uint8).view(m, -1).view(torch.int32)
-    kernel(*operands, x["positions"], x["cos_sin"], q_words, q_scale.view(torch.int32))
+    q_bytes = m * (n // 2)
+    buffer = torch.zeros(max(q_bytes, ctas * TRACE_SLOTS * 8), dtype=torch.uint8, device=device)
+    q_words = buffer[:q_bytes].view(m, n // 2).view(torch.int32)
+    return buffer, q_words, torch.empty(m, n // 128, dtype=torch.int32, device=device)
+
+
+def trace_once(kernel, operands, x, m: int, n: int, flush: torch.Tensor, ctas: int) -> torch.Tensor:
+    buffer, q_words, scale_words = trace_outputs(m, n, x["qr"].device, ctas)
+    _cold_start(buffer, flush, x)
+    kernel(*operands, x["positions"], x["cos_sin"], q_words, scale_words)
     torch.cuda.synchronize()
-    return _stamps(q)
+    return _stamps(buffer)
 
 
-def _cold_start(q: torch.Tensor, flush: torch.Tensor, x: dict) -> None:
-    """Before a traced run: the stamps' output zeroed, L2 flushed, qr read back into it."""
-    q.view(torch.uint8).fill_(0)
+def _cold_start(buffer: torch.Tensor, flush: torch.Tensor, x: dict) -> None:
+    """Before a traced run: the stamps' buffer zeroed, L2 flushed, qr read back into it."""
+    buffer.fill_(0)
     flush.add_(1)  # evicts the weight (and everything else) from L2
     x["qr"].float().sum()  # qr back in L2, as after the kernel that wrote it
 
 
-def _stamps(q: torch.Tensor) -> torch.Tensor:
-    """The int64 stamps the probe wrote into the q output."""
-    return q.view(torch.uint8).reshape(-1).view(torch.int64).clone()
+def _stamps(buffer: torch.Tensor) -> torch.Tensor:
+    """The int64 stamps the probe wrote (whole int64s of the buffer)."""
+    return buffer[: buffer.numel() // 8 * 8].view(torch.int64).clone()
 
 
 class StreamTrace:
@@ -64,14 +74,11 @@ class StreamTrace:
     of the weight; `run` flushes L2, brings qr back and replays, returning the second
     launch's stamps."""
 
-    def __init__(self, kernel, operands, second_operands, x, m: int, n: int, flush: torch.Tensor):
-        from indexer_q.reference import empty_outputs
-
+    def __init__(self, kernel, operands, second_operands, x, m: int, n: int, flush: torch.Tensor, ctas: int):
         self.x, self.flush = x, flush
-        outs = [empty_outputs(m, n // 128, "mxfp4", x["qr"].device) for _ in range(2)]
-        self.q = outs[1][0]
-        calls = [(ops, q.view(torch.uint8).view(m, -1).view(torch.int32), s.view(torch.int32))
-                 for ops, (q, s) in zip((operands, second_operands), outs)]
+        outs = [trace_outputs(m, n, x["qr"].device, ctas) for _ in range(2)]
+        self.buffer = outs[1][0]
+        calls = [(ops, q_words, scale_words) for ops, (_, q_words, scale_words) in zip((operands, second_operands), outs)]
 
         def launch_both():
             for ops, q_words, s_words in calls:
@@ -88,10 +95,10 @@ class StreamTrace:
             launch_both()
 
     def run(self) -> torch.Tensor:
-        _cold_start(self.q, self.flush, self.x)
+        _cold_start(self.buffer, self.flush, self.x)
         self.graph.replay()
         torch.cuda.synchronize()
-        return _stamps(self.q)
+        return _stamps(self.buffer)
 
 
 def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict:
@@ -114,21 +121,19 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict
     else:
         operands = dispatch._operands("sm_90a", *dispatch.run_act_quant(x["qr"], None), w)
     # the persistent grid has at most one CTA an SM (jit's compile_args); the CTAs that ran
-    # are those that stamped their start (the output is zeroed before each run)
-    if m * (n // 2) < sms * TRACE_SLOTS * 8:
-        raise SystemExit(f"q output too small for the trace at M={m}")
+    # are those that stamped their start (the buffer is zeroed before each run)
     flush = torch.zeros(64 << 20, dtype=torch.int32, device="cuda")  # 256 MB, five times L2
     if stream:
         second = (operands[0], operands[1].clone(), operands[2].clone()) if tactic.fused_act_quant else \
             (*operands[:2], operands[2].clone(), operands[3].clone())
-        tracer = StreamTrace(kernel, operands, second, x, m, n, flush)
+        tracer = StreamTrace(kernel, operands, second, x, m, n, flush, sms)
     # phases from the CTA's start, and (stream) from the end of its PDL wait as well
     origins = {"": 1, "since_pdl_wait:": 2} if stream else {"": 1}
     phases_of_kind = PHASES[tactic.kind]
     per_phase = {o + name: {"median": [], "max": []} for o in origins for name in phases_of_kind}
     rates, spans = [], []
     for _ in range(runs):
-        raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush)
+        raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush, sms)
         stamps = [s for s in raw.view(-1, TRACE_SLOTS)[:sms].tolist() if s[1] != 0]
         ctas = len(stamps)
         for origin, origin_slot in origins.items():
