@@ -77,6 +77,7 @@ class StreamTrace:
     def __init__(self, kernel, operands, second_operands, x, m: int, n: int, flush: torch.Tensor, ctas: int):
         self.x, self.flush = x, flush
         outs = [trace_outputs(m, n, x["qr"].device, ctas) for _ in range(2)]
+        self.outputs = outs  # both launches' buffers live as long as the graph that writes them
         self.buffer = outs[1][0]
         calls = [(ops, q_words, scale_words) for ops, (_, q_words, scale_words) in zip((operands, second_operands), outs)]
 
@@ -135,6 +136,8 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict
     for _ in range(runs):
         raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush, sms)
         stamps = [s for s in raw.view(-1, TRACE_SLOTS)[:sms].tolist() if s[1] != 0]
+        if not stamps:
+            raise SystemExit(f"no CTA stamped its start at {shape} M={m}: is the kernel traced?")
         ctas = len(stamps)
         for origin, origin_slot in origins.items():
             start = [s[origin_slot] for s in stamps]
