@@ -36,6 +36,13 @@ class GemmConfig:
     # which reduces them in rank order and runs the epilogue. For small M (decode), where
     # one CTA per head would leave most SMs idle streaming the weight.
     split_k: int = 1
+    # Native sm_90a: K blocks a CTA's producer keeps requested but not yet landed, at most
+    # (0: as many as the ring has free stages). With every CTA requesting its whole ring at
+    # once, memory served the requests interleaved and each CTA's first block landed with
+    # the last (H200 trace, V4-Pro M = 128, 64-row tiles on 8 stages: 3.75 us to the first
+    # block, then the consumer at 0.24 us a block with the stream idle); a limit makes the
+    # blocks land in order, so the MMAs start while the rest streams.
+    loads_in_flight: int = 0
     hadamard: bool = False
     fp4_rounding: str = "floor-ties"
     out_format: str = "mxfp4"
@@ -115,6 +122,7 @@ class FusedIndexerQGemmBase:
     split_k_choices: tuple = (1,)  # K splits the kernel implements
     epilogue_warpgroup_choices: tuple = (1,)  # epilogue warpgroup counts it implements
     has_tensor_core_hadamard: bool = False  # implements GemmConfig.tensor_core_hadamard
+    limits_loads_in_flight: bool = False  # implements GemmConfig.loads_in_flight
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -147,6 +155,8 @@ class FusedIndexerQGemmBase:
                              or (config.kind == "native" and config.pipelined_promotion)):
             out.append("trace needs an sm_90a probe (epilogue=False: it writes into the q output), native "
                        "without pipelined_promotion (its K loop has no stamps)")
+        if config.loads_in_flight and not cls.limits_loads_in_flight:
+            out.append("loads_in_flight (this kernel: its ring's depth)")
         if config.stages and not 2 <= config.stages <= cls.max_stages(config):
             out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out

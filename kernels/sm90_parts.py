@@ -71,6 +71,15 @@ def opaque_stage(state):
     return pipeline.PipelineState(state.stages, state.count, opaque_i32(state.index), opaque_i32(state.phase))
 
 
+def landed_state(producer_state, behind: int):
+    """The consumer-side state (index, phase) of the block the producer issued `behind`
+    issues before `producer_state`: waiting on it with consumer_wait returns once that
+    block's bytes have landed. Valid while behind < stages (the stage is not refilled)."""
+    stages = producer_state.stages
+    count = producer_state.count - behind
+    return pipeline.PipelineState(stages, count, count % stages, (count // stages) % 2)
+
+
 def swizzled_word(row, word):
     """Word index inside a row of a bf16 hand-off tile: the 16-byte chunk is XORed with
     row % 8, so the consumers' 4-byte and the epilogue's 16-byte accesses are both free

@@ -120,6 +120,27 @@ def test_sm90_pipelined_promotion_keeps_one_wgmma_group_in_flight(tmp_path):
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in _sass(ck)
 
 
+@pytest.mark.parametrize("tile_m,loads_in_flight", [(64, 3), (128, 2)])
+def test_sm90_loads_in_flight_paces_the_producer(tile_m, loads_in_flight, tmp_path):
+    """loads_in_flight: the producer requests at most that many K blocks before the PDL wait
+    and, in its loop, waits on the full barrier of the block issued that many before
+    (an mbarrier wait the unlimited ring's producer does not have); no spills."""
+    from indexer_q.kernels.gemm_sm90 import Sm90FusedIndexerQ
+
+    waits = {}
+    for lif in (0, loads_in_flight):
+        cfg = GemmConfig(arch="sm_90a", tile_m=tile_m, epilogue_warpgroups=2, loads_in_flight=lif)
+        ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / str(lif)))
+        _assert_no_spills(ck)
+        producer = _role_regions(_ptx(ck))[Sm90FusedIndexerQ(cfg).producer_regs]
+        waits[lif] = producer.count("mbarrier.try_wait.parity")
+        early = producer.split("griddepcontrol.wait;")[0].count("cp.async.bulk.tensor")
+        assert early == min(lif or 99, 3 if tile_m == 128 else 99, Sm90FusedIndexerQ(cfg).stages), early
+    assert waits[loads_in_flight] > waits[0], waits
+    with pytest.raises(Exception, match="loads_in_flight"):
+        jit.compile_fused(GemmConfig(arch="sm_90a", tile_m=64, stages=4, loads_in_flight=4), 8192, 1536)
+
+
 def _role_regions(ptx: str) -> dict:
     """The kernel's PTX cut at each setmaxnreg, keyed by the register count it sets (each
     warp role's code follows its own setmaxnreg)."""

@@ -16,6 +16,9 @@ copies of the weight (both cold after the flush); the second launch's stamps are
 and each phase also from the end of its PDL wait (`since_pdl_wait`), where the CTA's own
 work begins. The eager single launch pays a launch the bench does not see, and its
 ranking of two tactics can differ from the bench's (NOTES, eighth session's trace).
+`--with-quantizer` (tactics with the separate quantizer): each launch after the activation
+quantizer, as the op runs them, so the weight requested before the PDL wait competes with
+the quantizer as it does in the bench.
 """
 from __future__ import annotations
 
@@ -74,7 +77,10 @@ class StreamTrace:
     of the weight; `run` flushes L2, brings qr back and replays, returning the second
     launch's stamps."""
 
-    def __init__(self, kernel, operands, second_operands, x, m: int, n: int, flush: torch.Tensor, ctas: int):
+    def __init__(self, kernel, operands, second_operands, x, m: int, n: int, flush: torch.Tensor, ctas: int,
+                 quantize=None):
+        """quantize: the activation quantizer, launched before each GEMM into that launch's
+        operands (their first two), as the op runs them; None: GEMM launches only."""
         self.x, self.flush = x, flush
         outs = [trace_outputs(m, n, x["qr"].device, ctas) for _ in range(2)]
         self.outputs = outs  # both launches' buffers live as long as the graph that writes them
@@ -83,6 +89,8 @@ class StreamTrace:
 
         def launch_both():
             for ops, q_words, s_words in calls:
+                if quantize is not None:
+                    quantize(x["qr"], ops[:2])
                 kernel(*ops, x["positions"], x["cos_sin"], q_words, s_words)
 
         stream = torch.cuda.Stream()
@@ -102,7 +110,7 @@ class StreamTrace:
         return _stamps(self.buffer)
 
 
-def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict:
+def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_quantizer: bool = False) -> dict:
     import indexer_q
     from indexer_q import dispatch, jit
     from indexer_q.kernels.sm90_parts import TRACE_SLOTS
@@ -127,7 +135,8 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict
     if stream:
         second = (operands[0], operands[1].clone(), operands[2].clone()) if tactic.fused_act_quant else \
             (*operands[:2], operands[2].clone(), operands[3].clone())
-        tracer = StreamTrace(kernel, operands, second, x, m, n, flush, sms)
+        quantize = dispatch.run_act_quant if with_quantizer and not tactic.fused_act_quant else None
+        tracer = StreamTrace(kernel, operands, second, x, m, n, flush, sms, quantize=quantize)
     # phases from the CTA's start, and (stream) from the end of its PDL wait as well
     origins = {"": 1, "since_pdl_wait:": 2} if stream else {"": 1}
     phases_of_kind = PHASES[tactic.kind]
@@ -154,7 +163,9 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False) -> dict
                      "us_slowest_cta": statistics.median(v["max"]) / ghz / 1000}
               for name, v in per_phase.items() if v["median"]}
     return {"shape": shape, "M": m, "N": n, "K": k, "tactic": tactic.as_dict(), "ctas": ctas, "runs": runs,
-            "launches": "two in a CUDA graph, the second's stamps" if stream else "one, eager",
+            "launches": ("two in a CUDA graph, the second's stamps" + (", each after the activation quantizer"
+                                                                          if with_quantizer else "")
+                         if stream else "one, eager"),
             "sm_clock_GHz": ghz, "consumer_span_us": statistics.median(spans), "phases": phases}
 
 
@@ -170,11 +181,16 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--stream", action="store_true",
                     help="two launches back to back in a CUDA graph (PDL), the second's stamps")
+    ap.add_argument("--with-quantizer", action="store_true",
+                    help="--stream: each GEMM launch after the activation quantizer, as the op runs them "
+                    "(tactics without fused_act_quant)")
     args = ap.parse_args(argv)
+    if args.with_quantizer and not args.stream:
+        ap.error("--with-quantizer needs --stream")
     tactic = Tactic(**parse_fields(args.tactic))
     for shape in args.shapes:
         for m in args.m:
-            row = measure(shape, m, tactic, args.runs, stream=args.stream)
+            row = measure(shape, m, tactic, args.runs, stream=args.stream, with_quantizer=args.with_quantizer)
             print(json.dumps(row), flush=True)
             for name, p in row["phases"].items():
                 print(f"  {shape} M={m} {name:20s} {p['us_median_cta']:6.2f} us (slowest CTA {p['us_slowest_cta']:6.2f})")

@@ -34,6 +34,8 @@ class Tactic:
     mma_per_promotion: int = 4  # WGMMAs (32 K each) between block-scale promotions
     pipelined_promotion: bool = False  # promote block k under block k+1's WGMMAs (native tile_m 64, swap_ab <= 32)
     split_k: int = 1
+    # native sm_90a: K blocks requested and not yet landed, at most, a CTA (0: the ring's free stages)
+    loads_in_flight: int = 0
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
     epilogue_warpgroups: int = 1  # 2: twice the epilogue warps (see GemmConfig)
     # the Hadamard's H16 factor as a bf16 MMA (native: 1 or 2 epilogue warpgroups; swap_ab: 8 lanes a row)
@@ -54,7 +56,7 @@ class Tactic:
         if self.kind not in ("native", "swap_ab"):
             fail("tactic.kind", '"native" or "swap_ab"', repr(self.kind))
         for name in ("tile_m", "stages", "cluster_m", "cluster_n", "swizzle", "mma_per_promotion", "split_k",
-                     "epilogue_warpgroups"):
+                     "loads_in_flight", "epilogue_warpgroups"):
             value = getattr(self, name)
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
@@ -63,7 +65,7 @@ class Tactic:
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
-                          ("mma_per_promotion", 1), ("split_k", 1), ("epilogue_warpgroups", 1)):
+                          ("mma_per_promotion", 1), ("split_k", 1), ("loads_in_flight", 0), ("epilogue_warpgroups", 1)):
             if getattr(self, name) < low:
                 fail(f"tactic.{name}", f">= {low}", getattr(self, name))
 
