@@ -157,6 +157,8 @@ class FusedIndexerQGemmBase:
                        "without pipelined_promotion (its K loop has no stamps)")
         if config.loads_in_flight and not cls.limits_loads_in_flight:
             out.append("loads_in_flight (this kernel: its ring's depth)")
+        elif config.loads_in_flight < 0 or (config.stages and config.loads_in_flight >= config.stages):
+            out.append(f"loads_in_flight={config.loads_in_flight} (0, or 1 up to the ring's stages - 1)")
         if config.stages and not 2 <= config.stages <= cls.max_stages(config):
             out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out

@@ -41,7 +41,7 @@ from . import epilogue as epi
 from .epilogue_sm90 import Sm90EpilogueRoles
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, WORDS_PER_ROW, Sm90KernelBase,
-                         add_partials, gather_partials, reduce_tensor, scatter_partial,
+                         add_partials, gather_partials, landed_state, reduce_tensor, scatter_partial,
                          scatter_tensor, send_partial, shared_storage)
 from .swap_ab_kloop_sm90 import TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
 from .swap_ab_limits_sm90 import Sm90SwapABLimits
@@ -58,6 +58,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                               Sm90KernelBase):
     ptx_signature = ("wgmma.mma_async e4m3, tokens on N", "wgmma.mma_async.sync.aligned.m64n{tile}k32.f32.e4m3.e4m3")
     has_tensor_core_hadamard = True  # one row a thread at 8 lanes (hmma.tc_hadamard_row), 1 or 2 epilogue warpgroups
+    limits_loads_in_flight = True
 
     def __init__(self, config: GemmConfig):
         super().__init__(config)
@@ -152,6 +153,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         if cutlass.const_expr(self.config.stages):
             stages = self.config.stages
         self.stages = stages
+        self.loads_in_flight = min(self.config.loads_in_flight or stages, stages)
         self.w_smem_staged = cute.tile_to_shape(atom, (epi.HEAD_DIM, bk, stages), order=(0, 1, 2))
         # B: a ring stage per K block, or (fused_act_quant) the rank's K blocks resident
         self.b_smem = cute.tile_to_shape(atom, (t, bk, self.k_blocks if self.fused else stages), order=(0, 1, 2))
@@ -375,7 +377,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         # waiting for the previous grid (PDL): the weight is not written by the kernel
         # launched before this one (the activation quantizer, or the caller's previous
         # op); the activation is read only after the wait.
-        early = min(self.stages, self.k_blocks)
+        early = min(self.stages, self.k_blocks, self.loads_in_flight)
         before_qr = min(early, WEIGHT_BLOCKS_BEFORE_QR)
         a_state = state.clone()
         if work.is_valid_tile:
@@ -413,6 +415,9 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                     self._stage_qr(tma_a, tAgA, tAsB, staging, staged_tile, k_begin, staged)
                     staged += 1
             for kb in range(first, self.k_blocks):
+                if cutlass.const_expr(self.loads_in_flight < self.stages):
+                    if state.count >= self.loads_in_flight:  # the block that many issues back has landed
+                        ab_pipeline.consumer_wait(landed_state(state, self.loads_in_flight))
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._load_weight(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)], bar, w_mask)

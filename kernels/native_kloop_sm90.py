@@ -1,7 +1,6 @@
-"""The native sm_90a kernel's consumer pieces: its K loops (unrolled with the scales loaded
-ahead, rolled for a K split, and pipelined: block j promoted under block j+1's WGMMAs, two
-partials), the promotion of a partial with its block's scales, and the finished tile's bf16
-hand-off to the epilogue warpgroup(s). A mixin of
+"""The native sm_90a kernel's consumer pieces: the pipelined K loop (block j promoted under
+block j+1's WGMMAs, two partials), the promotion of a partial with its block's scales, and
+the finished tile's bf16 hand-off to the epilogue warpgroup(s). A mixin of
 Sm90FusedIndexerQ (kernels/gemm_sm90.py), as kernels/swap_ab_kloop_sm90.py is of the
 swapped-A/B kernel.
 """
@@ -12,10 +11,6 @@ import cutlass.cute as cute
 
 from . import epilogue as epi
 from .sm90_parts import issue_wgmmas, swizzled_word
-
-# K blocks whose scales a thread of two consumer warpgroups holds in flight: their 152
-# registers hold two 64-value accumulators; one warpgroup's 232 hold all of a tile's.
-SCALES_AHEAD_TWO_CONSUMERS = 2
 
 
 class Sm90NativeKLoops:
@@ -41,69 +36,6 @@ class Sm90NativeKLoops:
     def _block_scales(a_scale, w_scale, srow0, srow1, head, kb):
         """K block kb's promotion scales of a thread's two accumulator rows."""
         return a_scale[srow0, kb] * w_scale[head, kb], a_scale[srow1, kb] * w_scale[head, kb]
-
-    @staticmethod
-    def _block_scale_loads(a_scale, w_scale, srow0, srow1, head, kb):
-        """K block kb's scales of a thread's two accumulator rows, as loaded (3 values)."""
-        return a_scale[srow0, kb], a_scale[srow1, kb], w_scale[head, kb]
-
-    def _promote_groups(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, loads):
-        """One K block: its WGMMAs in groups of mma_per_promotion, each waited on and
-        promoted into acc with the block's scales; the stage is released after the last.
-        The scale products are formed after the first group's wait, so the loads' latency
-        runs under the block's WGMMAs rather than before them."""
-        mma_per_stage = cute.size(tCrA, mode=[2])
-        per = self.config.mma_per_promotion
-        s0 = s1 = None
-        for group in range(mma_per_stage // per):  # trace-time loop (not a cute.jit function)
-            tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(group * per, (group + 1) * per),
-                                     read_state.index)
-            cute.nvgpu.warpgroup.wait_group(0)
-            if group == mma_per_stage // per - 1:
-                ab_pipeline.consumer_release(read_state)
-            if group == 0:
-                sa0, sa1, sw = loads
-                s0, s1 = sa0 * sw, sa1 * sw
-            self._promote(acc, partial, s0, s1)
-        return tiled_mma
-
-    @cute.jit
-    def _mainloop_unrolled(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, k_tiles,
-                           a_scale, w_scale, srow0, srow1, head, trace, ctidx, first_tile):
-        """All K blocks of a tile (K a compile-time constant, unsplit), unrolled. Each
-        block's scales are loaded `ahead` blocks early (all of them at the tile's start when
-        the registers allow): one block ahead, a block's WGMMAs (~250 cycles at tile_m 64)
-        were shorter than the loads' L2 latency and the promotion waited on them."""
-        ahead = k_tiles if self.num_consumers == 1 else min(SCALES_AHEAD_TWO_CONSUMERS, k_tiles)
-        scales_args = (a_scale, w_scale, srow0, srow1, head)
-        loads = [self._block_scale_loads(*scales_args, kb) for kb in range(ahead)]
-        for kt in cutlass.range_constexpr(k_tiles):
-            if cutlass.const_expr(kt + ahead < k_tiles):
-                loads.append(self._block_scale_loads(*scales_args, kt + ahead))
-            ab_pipeline.consumer_wait(read_state)
-            if cutlass.const_expr(trace is not None and kt < 6):
-                if first_tile:
-                    self._stamp(trace, 4 + kt, ctidx)
-            tiled_mma = self._promote_groups(ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, loads[kt])
-            read_state.advance()
-        return read_state
-
-    @cute.jit
-    def _mainloop_rolled(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, k_begin, k_end,
-                         a_scale, w_scale, srow0, srow1, head, trace, ctidx, first_tile):
-        """A K split's share of the blocks (bounds known at run time), scales one block ahead."""
-        scales_args = (a_scale, w_scale, srow0, srow1, head)
-        sa0, sa1, sw = self._block_scale_loads(*scales_args, k_begin)
-        for kt in cutlass.range(k_begin, k_end):
-            loads = (sa0, sa1, sw)
-            sa0, sa1, sw = self._block_scale_loads(*scales_args, cutlass.min(kt + 1, k_end - 1))
-            ab_pipeline.consumer_wait(read_state)
-            if cutlass.const_expr(trace is not None):
-                if first_tile and kt - k_begin < 6:
-                    self._stamp(trace, 4 + kt - k_begin, ctidx)
-            tiled_mma = self._promote_groups(ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, loads)
-            read_state.advance()
-        return read_state
 
     def _issue_then_promote(self, ab_pipeline, issue_state, read_state, tiled_mma, tCrA, tCrB, acc, into, done,
                             done_scales, scales_args, kb):
