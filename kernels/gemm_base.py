@@ -31,12 +31,6 @@ class GemmConfig:
     # promoting this one, so the promotion runs under tensor-core work (needs the
     # register room of one consumer warpgroup: tile_m = 64, mma_per_promotion = 4).
     pipelined_promotion: bool = False
-    # Native sm_90a, 128-row tiles: the two consumer warpgroups issue their WGMMA groups in
-    # turn (named barriers) instead of together, so that one's wait and promotion run under
-    # the other's MMAs. Issued together, both finish at the end of the pair's MMAs and the
-    # tensor cores idle through both promotions (H200 trace, V4-Pro M = 128: 0.45 us a K
-    # block against 0.28 at the FP8 peak).
-    ordered_wgmma: bool = False
     # CTAs (one cluster) that split a tile's K blocks: each accumulates its share and the
     # others send their fp32 partial tiles to rank 0 through distributed shared memory,
     # which reduces them in rank order and runs the epilogue. For small M (decode), where
@@ -129,7 +123,6 @@ class FusedIndexerQGemmBase:
     epilogue_warpgroup_choices: tuple = (1,)  # epilogue warpgroup counts it implements
     has_tensor_core_hadamard: bool = False  # implements GemmConfig.tensor_core_hadamard
     limits_loads_in_flight: bool = False  # implements GemmConfig.loads_in_flight
-    has_ordered_wgmma: bool = False  # implements GemmConfig.ordered_wgmma
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -162,8 +155,6 @@ class FusedIndexerQGemmBase:
                              or (config.kind == "native" and config.pipelined_promotion)):
             out.append("trace needs an sm_90a probe (epilogue=False: it writes into the q output), native "
                        "without pipelined_promotion (its K loop has no stamps)")
-        if config.ordered_wgmma and not cls.has_ordered_wgmma:
-            out.append("ordered_wgmma (this kernel: native sm_90a only)")
         if config.loads_in_flight and not cls.limits_loads_in_flight:
             out.append("loads_in_flight (this kernel: its ring's depth)")
         elif config.loads_in_flight < 0 or (config.stages and config.loads_in_flight >= config.stages):

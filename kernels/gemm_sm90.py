@@ -41,10 +41,6 @@ EPI_LANES_PER_ROW = {1: 4, 2: 4}
 # Weight blocks a 128-row tile requests before the PDL wait: more compete for DRAM with the
 # activation quantizer the wait is for (3 against 5: 0.1-0.8 us at M = 128-4096, NOTES 70, 73).
 EARLY_WEIGHT_BLOCKS_TILE128 = 3
-# ordered_wgmma: named barriers passing the WGMMA issue between the two consumers (2 is
-# BAR_LAST_TILE_HANDED)
-BAR_MMA_TURN_OF_0 = 3
-BAR_MMA_TURN_OF_1 = 4
 # trace (probe only, GemmConfig.trace): TRACE_SLOTS int64 a CTA in the q output, as the
 # swapped-A/B kernel's where the phases match. Consumer (its first thread): 0 globaltimer
 # at its start, 1 clock64 at its start, 2 after the PDL wait, 4..9 the first tile's K
@@ -58,7 +54,6 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
     epilogue_warpgroup_choices = tuple(EPI_LANES_PER_ROW)
     has_tensor_core_hadamard = True
     limits_loads_in_flight = True
-    has_ordered_wgmma = True
     ptx_signature = ("wgmma.mma_async e4m3", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3")
 
     @classmethod
@@ -74,8 +69,6 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
                                    or config.pipelined_promotion):
             out.append("split_k > 1 needs tile_m=64, no multicast cluster and no pipelined_promotion "
                        "(its cluster is the K split; one consumer warpgroup sends one partial)")
-        if config.ordered_wgmma and (config.tile_m != 128 or config.split_k > 1):
-            out.append("ordered_wgmma needs tile_m=128 (two consumer warpgroups taking turns) and no K split")
         if config.pipelined_promotion and (config.tile_m != 64 or config.mma_per_promotion != 4):
             out.append("pipelined_promotion needs tile_m=64 and mma_per_promotion=4 (two partial "
                        "accumulators fit only in one consumer warpgroup's registers)")
@@ -514,9 +507,6 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, EPI_BUFFERS)
         tiles_done = Int32(0)
-        if cutlass.const_expr(self.config.ordered_wgmma):
-            if consumer_idx == 1:  # the first turn is consumer 0's
-                cute.arch.barrier_arrive(barrier_id=BAR_MMA_TURN_OF_0, number_of_threads=2 * WARPGROUP)
         while work.is_valid_tile:
             tile = work.tile_idx
             head = tile[1]
@@ -552,12 +542,8 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
                             self._stamp(trace, 4 + kt - k_begin, ctidx)
                     per = self.config.mma_per_promotion
                     for group in cutlass.range_constexpr(mma_per_stage // per):
-                        if cutlass.const_expr(self.config.ordered_wgmma):
-                            self._await_mma_turn(consumer_idx)
                         tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(group * per, (group + 1) * per),
                                      read_state.index)
-                        if cutlass.const_expr(self.config.ordered_wgmma):
-                            self._pass_mma_turn(consumer_idx)
                         cute.nvgpu.warpgroup.wait_group(0)
                         if cutlass.const_expr(group == mma_per_stage // per - 1):
                             ab_pipeline.consumer_release(read_state)
@@ -590,29 +576,10 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             if cutlass.const_expr(self.helper_rows > 0):
                 if not work.is_valid_tile:
                     self._help_last_tile(sQ, buf, ctidx, m_tile * bm, head, m, *epi_args)
-        if cutlass.const_expr(self.config.ordered_wgmma):
-            if consumer_idx == 0:  # consumer 1's pass after its last WGMMAs: no arrive is left pending
-                cute.arch.barrier(barrier_id=BAR_MMA_TURN_OF_0, number_of_threads=2 * WARPGROUP)
         if cutlass.const_expr(role == "send"):
             # Rank 0 arrives on this CTA's "slot free" barrier after its last read: wait
             # for that before exiting, so no remote arrive targets an exited CTA.
             cute.arch.mbarrier_wait(reduce[1], (tiles_done & 1) ^ 1)
-
-    @cute.jit
-    def _await_mma_turn(self, consumer_idx):
-        """ordered_wgmma: wait until the other consumer has issued its previous group."""
-        if consumer_idx == 0:
-            cute.arch.barrier(barrier_id=BAR_MMA_TURN_OF_0, number_of_threads=2 * WARPGROUP)
-        else:
-            cute.arch.barrier(barrier_id=BAR_MMA_TURN_OF_1, number_of_threads=2 * WARPGROUP)
-
-    @cute.jit
-    def _pass_mma_turn(self, consumer_idx):
-        """ordered_wgmma: this consumer's group is issued; the other's turn."""
-        if consumer_idx == 0:
-            cute.arch.barrier_arrive(barrier_id=BAR_MMA_TURN_OF_1, number_of_threads=2 * WARPGROUP)
-        else:
-            cute.arch.barrier_arrive(barrier_id=BAR_MMA_TURN_OF_0, number_of_threads=2 * WARPGROUP)
 
     def _m_tile(self, tile):
         """The token tile of a scheduler tile: a K split's ranks share one (see __call__)."""

@@ -33,7 +33,6 @@ class Tactic:
     swizzle: int = 1
     mma_per_promotion: int = 4  # WGMMAs (32 K each) between block-scale promotions
     pipelined_promotion: bool = False  # promote block k under block k+1's WGMMAs (native tile_m 64, swap_ab <= 32)
-    ordered_wgmma: bool = False  # native 128-row tiles: the two consumers issue their WGMMAs in turn
     split_k: int = 1
     # native sm_90a: K blocks requested and not yet landed, at most, a CTA (0: the ring's free stages)
     loads_in_flight: int = 0
@@ -61,8 +60,8 @@ class Tactic:
             value = getattr(self, name)
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
-        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "ordered_wgmma", "pdl",
-                     "tensor_core_hadamard", "fused_act_quant", "separate_epilogue"):
+        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl", "tensor_core_hadamard",
+                     "fused_act_quant", "separate_epilogue"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
