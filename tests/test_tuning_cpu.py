@@ -150,6 +150,21 @@ def test_rechoose_rederives_entries_from_recorded_timings(tmp_path):
     assert doc["metadata"] == meta and Tactic.from_dict(doc["entries"][0]["tactic"]) == a
 
 
+def test_partial_retune_keeps_the_entries_above_and_refuses_a_stale_table(tmp_path):
+    """--m-max: the earlier table's entries, timings and checks above M are kept (they are
+    the same setup's); a table of other kernels is refused, not mixed in."""
+    from indexer_q import table as tables
+
+    meta = {"gpu": "G", "sms": 132, "cutlass_dsl": "1", "kernel_fingerprint": "f",
+            "timings_us": {"256": {"x": 1.0}, "512": {"y": 2.0}}, "codes_equal": {"y": 1.0}}
+    path = tmp_path / "t.json"
+    tables.write_table(path, meta, [{"n": 8192, "k": 1536, "m_max": m, "tactic": Tactic()} for m in (256, 512)])
+    entries, timings, checks = tune._kept_above(path, 256, meta)
+    assert [e["m_max"] for e in entries] == [512] and timings == {"512": {"y": 2.0}} and checks == {"y": 1.0}
+    with pytest.raises(SystemExit, match="kernel_fingerprint"):
+        tune._kept_above(path, 256, meta | {"kernel_fingerprint": "g"})
+
+
 def test_merge_tables(tmp_path):
     """Per-(model, TP) tables merge into one per GPU; clashing metadata or shapes refuse."""
     import json

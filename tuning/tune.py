@@ -158,12 +158,35 @@ def profile(m, n, k, arch, log, checked: dict, checker, sms=None) -> tuple:
     return winner, timings
 
 
-def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=print) -> Path:
+def _kept_above(path, m_max: int, meta: dict) -> tuple[list[dict], dict, dict]:
+    """--m-max: an earlier table's entries above m_max, with their timings and checks, to be
+    kept beside a re-tune of the buckets up to it. Refused unless that table was made for
+    this setup (the same GPU, DSL and kernel fingerprint: its timings must still hold)."""
+    doc = json.loads(Path(path).read_text())
+    old = doc["metadata"]
+    stale = [f for f in table.MATCHED_FIELDS if old.get(f) != meta.get(f)]
+    if stale:
+        raise SystemExit(f"--m-max keeps {path}'s entries above M = {m_max}, but it was made for another "
+                         f"setup ({', '.join(f'{f}: {old.get(f)} != {meta.get(f)}' for f in stale)}): tune it whole")
+    entries = [e for e in doc["entries"] if e["m_max"] > m_max]
+    timings = {m: t for m, t in old.get("timings_us", {}).items() if int(m) > m_max}
+    return entries, timings, old.get("codes_equal", {})
+
+
+def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=print, m_max=None) -> Path:
+    """Tune every bucket, or (m_max) only those up to it, keeping the entries above from
+    the table at `out` (or the default path)."""
     k = MODELS[model]
     n = 8192 // tp
     results = {}
     checked: dict = {}
     gpu_meta = table.metadata()
+    stem = table.table_file_name(gpu_meta["gpu"]).removesuffix(".json")
+    path = Path(out) if out else TABLES / f"{stem}_{model}_tp{tp}.json"
+    kept, kept_timings, kept_checks = [], {}, {}
+    if m_max is not None:
+        kept, kept_timings, kept_checks = _kept_above(path, m_max, gpu_meta)
+        buckets = [m for m in buckets if m <= m_max]
     sms = gpu_meta["sms"]  # this GPU's: the heuristic and the candidates depend on it
     precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k, sms)}, key=repr), n, k, arch)
     checker = Checker(n, k)
@@ -183,13 +206,13 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
                 todo.append(mid)
                 refined += 1
     sys.stderr.write("\n")
-    entries = [{"n": n, "k": k, "m_max": m, "tactic": results[m][0]} for m in sorted(results)]
+    entries = [{"n": n, "k": k, "m_max": m, "tactic": results[m][0]} for m in sorted(results)] + kept
+    timings = {str(m): {str(t.as_dict()): round(us, 3) for t, us in tt.items()} for m, (_, tt) in results.items()}
     meta = gpu_meta | {"model": model, "tp": tp, "checked_at_m": CHECK_M,
-                               "codes_equal": {str(t.as_dict()): round(a, 6) for t, a in checked.items()},
-                               "timings_us": {str(m): {str(t.as_dict()): round(us, 3) for t, us in tt.items()}
-                                              for m, (_, tt) in results.items()}}
-    stem = table.table_file_name(meta["gpu"]).removesuffix(".json")
-    path = Path(out) if out else TABLES / f"{stem}_{model}_tp{tp}.json"
+                       "codes_equal": kept_checks | {str(t.as_dict()): round(a, 6) for t, a in checked.items()},
+                       "timings_us": dict(sorted((timings | kept_timings).items(), key=lambda kv: int(kv[0])))}
+    if m_max is not None:
+        meta["retuned_up_to_m"] = m_max
     table.write_table(path, meta, entries)
     log(f"wrote {path}")
     return path
@@ -225,6 +248,10 @@ def main(argv=None):
     ap.add_argument("--model", choices=list(MODELS))
     ap.add_argument("--tp", type=int, choices=[1, 2, 4, 8], default=1)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--m-max", type=int, default=None,
+                    help="re-tune only the buckets up to this M, keeping the entries above from the "
+                         "table at --out (default: this model and TP's in tuning/tables/), which must "
+                         "have been made for this setup (e.g. after adding small-M candidates)")
     ap.add_argument("--rechoose", nargs="+", metavar="TABLE",
                     help="re-derive these tables' entries from their recorded timings (no GPU)")
     ap.add_argument("--merge", nargs="+", metavar="TABLE",
@@ -254,7 +281,7 @@ def main(argv=None):
         if not torch.cuda.is_available():
             print("indexer-q tune needs a CUDA GPU", file=sys.stderr)
             return 2
-        path = tune(args.model, args.tp, args.out)
+        path = tune(args.model, args.tp, args.out, m_max=args.m_max)
     if args.install is not None:
         print(f"installed {path} as {table.install_table(path)}")
     return 0

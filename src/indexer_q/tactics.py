@@ -266,6 +266,14 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
     sms = sms or SM90_SMS
     out = [heuristic(arch, m, n, k, sms=sms)]
     cands = list(_candidates())
+    if m <= PACED_NATIVE_MAX_M:
+        # 64-row tiles whose producer keeps 3 K blocks in flight (loads_in_flight), plain and
+        # with the pipelined promotion: with the whole ring requested at once every CTA's first
+        # block landed with the last (H200, V4-Pro M = 128: 9.84 / 9.64 us against 11.24 for
+        # 64-row tiles on 8 stages and 10.19 for the 128-row tile; lost at M = 256 and 4096)
+        for pipe in (False, True):
+            cands.append(Tactic(tile_m=64, epilogue_warpgroups=2, tensor_core_hadamard=True,
+                                pipelined_promotion=pipe, loads_in_flight=3))
     if m >= SEPARATE_EPILOGUE_MIN_M:
         # two epilogue warpgroups: with one, the GEMM's copy-out was 3-7% slower (H200, 16th session)
         cands.append(Tactic(tile_m=128, epilogue_warpgroups=2, separate_epilogue=True))
@@ -288,6 +296,7 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
 # The two-kernel tactic is offered from here (issue 17's range): below, its second launch
 # and pass over y cost more (H200, 16th session: 15-50% slower than the fused op at M = 512).
 SEPARATE_EPILOGUE_MIN_M = 1024
+PACED_NATIVE_MAX_M = 512  # native tactics with loads_in_flight are offered up to here (decode and small batches)
 SM90_SMS = 132  # H100 / H200 SXM: the default where the caller does not give the GPU's count
 
 
