@@ -141,6 +141,26 @@ def test_sm90_loads_in_flight_paces_the_producer(tile_m, loads_in_flight, tmp_pa
         jit.compile_fused(GemmConfig(arch="sm_90a", tile_m=64, stages=4, loads_in_flight=4), 8192, 1536)
 
 
+def test_sm90_swap_ab_loads_in_flight_paces_the_producer(tmp_path):
+    """The swapped kernel's producer takes the same limit: an extra full-barrier wait in its
+    loop (with the fused quantizer, whose weight blocks before the PDL wait are unrolled
+    alike in both builds); no spills. sm_100a refuses it."""
+    fused_act_quant = True
+    from indexer_q.kernels.gemm_sm90_swap_ab import Sm90SwapABFusedIndexerQ
+
+    counts = {}
+    for lif in (0, 2):
+        cfg = GemmConfig(arch="sm_90a", kind="swap_ab", tile_m=16, epilogue_warpgroups=2, pipelined_promotion=True,
+                         fused_act_quant=fused_act_quant, loads_in_flight=lif)
+        ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / str(lif)))
+        _assert_no_spills(ck)
+        producer = _role_regions(_ptx(ck))[Sm90SwapABFusedIndexerQ(cfg).producer_regs]
+        counts[lif] = producer.count("mbarrier.try_wait.parity")
+    assert counts[2] > counts[0], counts
+    with pytest.raises(Exception, match="loads_in_flight"):
+        jit.compile_fused(GemmConfig(arch="sm_100a", loads_in_flight=2), 8192, 1536)
+
+
 def _role_regions(ptx: str) -> dict:
     """The kernel's PTX cut at each setmaxnreg, keyed by the register count it sets (each
     warp role's code follows its own setmaxnreg)."""
