@@ -43,6 +43,9 @@ class GemmConfig:
     # block, then the consumer at 0.24 us a block with the stream idle); a limit makes the
     # blocks land in order, so the MMAs start while the rest streams.
     loads_in_flight: int = 0
+    # With loads_in_flight: the limit holds only until the CTA's first K block has landed,
+    # then the ring's free stages pace the producer (the first block early, the stream deep).
+    pace_first_block: bool = False
     hadamard: bool = False
     fp4_rounding: str = "floor-ties"
     out_format: str = "mxfp4"
@@ -159,6 +162,8 @@ class FusedIndexerQGemmBase:
             out.append("loads_in_flight (this kernel: its ring's depth)")
         elif config.loads_in_flight < 0 or (config.stages and config.loads_in_flight >= config.stages):
             out.append(f"loads_in_flight={config.loads_in_flight} (0, or 1 up to the ring's stages - 1)")
+        if config.pace_first_block and not config.loads_in_flight:
+            out.append("pace_first_block needs loads_in_flight (the limit it lifts)")
         if config.stages and not 2 <= config.stages <= cls.max_stages(config):
             out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out

@@ -30,7 +30,7 @@ from .epilogue_sm90 import Sm90EpilogueRoles
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .native_kloop_sm90 import Sm90NativeKLoops
 from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, SMEM_CAPACITY, WARPGROUP, WORDS_PER_ROW,
-                         Sm90KernelBase, add_partials, issue_wgmmas, landed_state, opaque_stage, reduce_tensor,
+                         Sm90KernelBase, add_partials, issue_wgmmas, opaque_stage, pace_loads, reduce_tensor,
                          send_partial, shared_storage)
 
 # The epilogue's lanes a row by its warpgroup count: 4 (32 values a thread) with one or two
@@ -431,9 +431,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             tAgA_m = tAgA[(None, self._m_tile(tile), None)]
             tBgB_n = tBgB[(None, tile[1], None)]
             for kt in range(k_begin + early, k_end):
-                if cutlass.const_expr(in_flight < self.stages):
-                    if state.count >= in_flight:
-                        ab_pipeline.consumer_wait(landed_state(state, in_flight))
+                pace_loads(ab_pipeline, state, in_flight, self.config.pace_first_block)
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 cute.copy(

@@ -41,7 +41,7 @@ from . import epilogue as epi
 from .epilogue_sm90 import Sm90EpilogueRoles
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
 from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, WORDS_PER_ROW, Sm90KernelBase,
-                         add_partials, gather_partials, landed_state, reduce_tensor, scatter_partial,
+                         add_partials, gather_partials, pace_loads, reduce_tensor, scatter_partial,
                          scatter_tensor, send_partial, shared_storage)
 from .swap_ab_kloop_sm90 import TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
 from .swap_ab_limits_sm90 import Sm90SwapABLimits
@@ -415,9 +415,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                     self._stage_qr(tma_a, tAgA, tAsB, staging, staged_tile, k_begin, staged)
                     staged += 1
             for kb in range(first, self.k_blocks):
-                if cutlass.const_expr(self.loads_in_flight < self.stages):
-                    if state.count >= self.loads_in_flight:  # the block that many issues back has landed
-                        ab_pipeline.consumer_wait(landed_state(state, self.loads_in_flight))
+                pace_loads(ab_pipeline, state, self.loads_in_flight, self.config.pace_first_block)
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._load_weight(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)], bar, w_mask)

@@ -80,6 +80,22 @@ def landed_state(producer_state, behind: int):
     return pipeline.PipelineState(stages, count, count % stages, (count // stages) % 2)
 
 
+@cute.jit
+def pace_loads(ab_pipeline, producer_state, in_flight: cutlass.Constexpr, first_block_only: cutlass.Constexpr):
+    """GemmConfig.loads_in_flight, before the producer requests its next K block: wait until
+    the block requested `in_flight` before it has landed; with `first_block_only`, until the
+    CTA's first block has, and only while the ring has not wrapped (then its free stages
+    pace it). No code without a limit."""
+    stages = producer_state.stages
+    if cutlass.const_expr(in_flight < stages):
+        if cutlass.const_expr(first_block_only):
+            if producer_state.count >= in_flight and producer_state.count < stages:
+                ab_pipeline.consumer_wait(pipeline.PipelineState(stages, Int32(0), Int32(0), Int32(0)))
+        else:
+            if producer_state.count >= in_flight:
+                ab_pipeline.consumer_wait(landed_state(producer_state, in_flight))
+
+
 def swizzled_word(row, word):
     """Word index inside a row of a bf16 hand-off tile: the 16-byte chunk is XORed with
     row % 8, so the consumers' 4-byte and the epilogue's 16-byte accesses are both free

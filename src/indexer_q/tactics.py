@@ -36,6 +36,7 @@ class Tactic:
     split_k: int = 1
     # native sm_90a: K blocks requested and not yet landed, at most, a CTA (0: the ring's free stages)
     loads_in_flight: int = 0
+    pace_first_block: bool = False  # the limit holds until the CTA's first K block has landed only
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
     epilogue_warpgroups: int = 1  # 2: twice the epilogue warps (see GemmConfig)
     # the Hadamard's H16 factor as a bf16 MMA (native: 1 or 2 epilogue warpgroups; swap_ab: 8 lanes a row)
@@ -60,8 +61,8 @@ class Tactic:
             value = getattr(self, name)
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
-        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl", "tensor_core_hadamard",
-                     "fused_act_quant", "separate_epilogue"):
+        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pace_first_block", "pdl",
+                     "tensor_core_hadamard", "fused_act_quant", "separate_epilogue"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
