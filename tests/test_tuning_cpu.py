@@ -159,10 +159,14 @@ def test_partial_retune_keeps_the_entries_above_and_refuses_a_stale_table(tmp_pa
             "timings_us": {"256": {"x": 1.0}, "512": {"y": 2.0}}, "codes_equal": {"y": 1.0}}
     path = tmp_path / "t.json"
     tables.write_table(path, meta, [{"n": 8192, "k": 1536, "m_max": m, "tactic": Tactic()} for m in (256, 512)])
-    entries, timings, checks = tune._kept_above(path, 256, meta)
+    entries, timings, checks = tune._kept_above(path, 256, meta, 8192, 1536)
     assert [e["m_max"] for e in entries] == [512] and timings == {"512": {"y": 2.0}} and checks == {"y": 1.0}
     with pytest.raises(SystemExit, match="kernel_fingerprint"):
-        tune._kept_above(path, 256, meta | {"kernel_fingerprint": "g"})
+        tune._kept_above(path, 256, meta | {"kernel_fingerprint": "g"}, 8192, 1536)
+    with pytest.raises(SystemExit, match="N = 1024"):  # another model / TP's table
+        tune._kept_above(path, 256, meta, 1024, 1536)
+    with pytest.raises(SystemExit, match="not a bucket"):
+        tune._kept_above(path, 300, meta, 8192, 1536)
 
 
 def test_merge_tables(tmp_path):

@@ -188,6 +188,8 @@ def main(argv=None):
     if args.with_quantizer and not args.stream:
         ap.error("--with-quantizer needs --stream")
     tactic = Tactic(**parse_fields(args.tactic))
+    if args.with_quantizer and tactic.fused_act_quant:
+        ap.error("--with-quantizer: this tactic quantizes the activation itself (fused_act_quant)")
     for shape in args.shapes:
         for m in args.m:
             row = measure(shape, m, tactic, args.runs, stream=args.stream, with_quantizer=args.with_quantizer)

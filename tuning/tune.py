@@ -158,11 +158,21 @@ def profile(m, n, k, arch, log, checked: dict, checker, sms=None) -> tuple:
     return winner, timings
 
 
-def _kept_above(path, m_max: int, meta: dict) -> tuple[list[dict], dict, dict]:
+def _kept_above(path, m_max: int, meta: dict, n: int, k: int) -> tuple[list[dict], dict, dict]:
     """--m-max: an earlier table's entries above m_max, with their timings and checks, to be
-    kept beside a re-tune of the buckets up to it. Refused unless that table was made for
-    this setup (the same GPU, DSL and kernel fingerprint: its timings must still hold)."""
+    kept beside a re-tune of the buckets up to it. Refused unless that table is this (N, K)'s
+    alone, with its timings, and was made for this setup (the same GPU, DSL and kernel
+    fingerprint: its timings must still hold)."""
+    if m_max not in BUCKETS:
+        raise SystemExit(f"--m-max {m_max}: not a bucket (one of {BUCKETS}); the entries between it and the "
+                         "bucket below would be neither re-tuned nor kept")
+    if not Path(path).exists():
+        raise SystemExit(f"--m-max keeps the entries above M = {m_max} of {path}, which does not exist")
     doc = json.loads(Path(path).read_text())
+    shapes = {(e["n"], e["k"]) for e in doc["entries"]}
+    if shapes != {(n, k)} or "timings_us" not in doc["metadata"]:
+        raise SystemExit(f"--m-max needs {path} to be the tuner's own table of N = {n}, K = {k} (with its "
+                         f"timings), not {sorted(shapes)}")
     old = doc["metadata"]
     stale = [f for f in table.MATCHED_FIELDS if old.get(f) != meta.get(f)]
     if stale:
@@ -185,7 +195,7 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     path = Path(out) if out else TABLES / f"{stem}_{model}_tp{tp}.json"
     kept, kept_timings, kept_checks = [], {}, {}
     if m_max is not None:
-        kept, kept_timings, kept_checks = _kept_above(path, m_max, gpu_meta)
+        kept, kept_timings, kept_checks = _kept_above(path, m_max, gpu_meta, n, k)
         buckets = [m for m in buckets if m <= m_max]
     sms = gpu_meta["sms"]  # this GPU's: the heuristic and the candidates depend on it
     precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k, sms)}, key=repr), n, k, arch)

@@ -34,7 +34,7 @@ class Tactic:
     mma_per_promotion: int = 4  # WGMMAs (32 K each) between block-scale promotions
     pipelined_promotion: bool = False  # promote block k under block k+1's WGMMAs (native tile_m 64, swap_ab <= 32)
     split_k: int = 1
-    # native sm_90a: K blocks requested and not yet landed, at most, a CTA (0: the ring's free stages)
+    # sm_90a (native and swap_ab): K blocks requested and not yet landed, at most, a CTA (0: the ring's free stages)
     loads_in_flight: int = 0
     pace_first_block: bool = False  # the limit holds until the CTA's first K block has landed only
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
