@@ -36,7 +36,7 @@ class GemmConfig:
     # which reduces them in rank order and runs the epilogue. For small M (decode), where
     # one CTA per head would leave most SMs idle streaming the weight.
     split_k: int = 1
-    # Native sm_90a: K blocks a CTA's producer keeps requested but not yet landed, at most
+    # sm_90a (native and swap_ab): K blocks a CTA's producer keeps requested but not yet landed, at most
     # (0: as many as the ring has free stages). With every CTA requesting its whole ring at
     # once, memory served the requests interleaved and each CTA's first block landed with
     # the last (H200 trace, V4-Pro M = 128, 64-row tiles on 8 stages: 3.75 us to the first

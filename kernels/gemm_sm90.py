@@ -88,7 +88,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
     def __init__(self, config: GemmConfig):
         super().__init__(config)
         self.stages = config.stages or self.max_stages(config)
-        self.loads_in_flight = min(config.loads_in_flight or self.stages, self.stages)
+        self.loads_in_flight = self._loads_in_flight(self.stages)
         self.tile_shape_mnk = (config.tile_m, epi.HEAD_DIM, SCALE_BLOCK_K)
         self.tile_rows = config.tile_m
         self.num_consumers = config.tile_m // ROWS_PER_CONSUMER

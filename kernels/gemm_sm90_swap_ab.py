@@ -153,7 +153,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         if cutlass.const_expr(self.config.stages):
             stages = self.config.stages
         self.stages = stages
-        self.loads_in_flight = min(self.config.loads_in_flight or stages, stages)
+        self.loads_in_flight = self._loads_in_flight(stages)
         self.w_smem_staged = cute.tile_to_shape(atom, (epi.HEAD_DIM, bk, stages), order=(0, 1, 2))
         # B: a ring stage per K block, or (fused_act_quant) the rank's K blocks resident
         self.b_smem = cute.tile_to_shape(atom, (t, bk, self.k_blocks if self.fused else stages), order=(0, 1, 2))

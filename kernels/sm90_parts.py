@@ -273,6 +273,10 @@ class Sm90KernelBase(FusedIndexerQGemmBase):
         else:
             cute.arch.setmaxregister_decrease(self.epilogue_regs)
 
+    def _loads_in_flight(self, stages: int) -> int:
+        """GemmConfig.loads_in_flight on a ring of `stages` (0, or more than fit: the ring's depth)."""
+        return min(self.config.loads_in_flight or stages, stages)
+
     def _trace_tensor(self, out_q):
         """Trace probes only (called while a kernel is traced): this CTA's TRACE_SLOTS int64
         slots in the q output (int32 words); None when the kernel is not traced."""

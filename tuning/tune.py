@@ -174,12 +174,12 @@ def _kept_above(path, m_max: int, meta: dict, n: int, k: int) -> tuple[list[dict
         raise SystemExit(f"--m-max needs {path} to be the tuner's own table of N = {n}, K = {k} (with its "
                          f"timings), not {sorted(shapes)}")
     old = doc["metadata"]
-    stale = [f for f in table.MATCHED_FIELDS if old.get(f) != meta.get(f)]
+    stale = table.mismatches(old, meta)
     if stale:
         raise SystemExit(f"--m-max keeps {path}'s entries above M = {m_max}, but it was made for another "
-                         f"setup ({', '.join(f'{f}: {old.get(f)} != {meta.get(f)}' for f in stale)}): tune it whole")
+                         f"setup ({' and '.join(stale)}): tune it whole")
     entries = [e for e in doc["entries"] if e["m_max"] > m_max]
-    timings = {m: t for m, t in old.get("timings_us", {}).items() if int(m) > m_max}
+    timings = {m: t for m, t in old["timings_us"].items() if int(m) > m_max}
     return entries, timings, old.get("codes_equal", {})
 
 
