@@ -96,3 +96,21 @@ def quantize_unit(words):
     pairs = [epi.cvt_e4m3x2(vals[2 * p] * inv, vals[2 * p + 1] * inv) for p in range(4)]
     out = [pairs[2 * w] | (pairs[2 * w + 1] << 16) for w in range(WORDS_PER_LANE_OUT)]
     return out, ((e + 127) << 23).bitcast(Float32)
+
+
+def quantize_words(words: list, lane_masks: tuple):
+    """quantize_unit's arithmetic for a lane holding more of the unit (the swapped-A/B
+    kernel's fused quantizer at 4 lanes a unit: 16 words, 32 values): its bf16x2 words (as
+    Int32) -> one word of 4 e4m3 bytes per two words, in order, and the block's scale 2^e,
+    the amax reduced over the lanes `lane_masks` reach. The amax is taken on the packed
+    bf16 pairs (exact: the same maximum, NaN-propagating, and the 1e-4 floor is far above
+    bf16's subnormals), so its bytes are quantize_unit's."""
+    amax = epi.absmax_words(words, lane_masks)
+    e = epi.ceil_log2_of_ratio(amax, epi.FP8_MAX)
+    inv = epi.exp2_neg(e)
+    out = []
+    for w in range(0, len(words), 2):
+        a0, a1 = epi.bf16x2_unpack(words[w])
+        b0, b1 = epi.bf16x2_unpack(words[w + 1])
+        out.append(epi.cvt_e4m3x2(a0 * inv, a1 * inv) | (epi.cvt_e4m3x2(b0 * inv, b1 * inv) << 16))
+    return out, ((e + 127) << 23).bitcast(Float32)

@@ -43,9 +43,6 @@ class GemmConfig:
     # block, then the consumer at 0.24 us a block with the stream idle); a limit makes the
     # blocks land in order, so the MMAs start while the rest streams.
     loads_in_flight: int = 0
-    # With loads_in_flight: the limit holds only until the CTA's first K block has landed,
-    # then the ring's free stages pace the producer (the first block early, the stream deep).
-    pace_first_block: bool = False
     hadamard: bool = False
     fp4_rounding: str = "floor-ties"
     out_format: str = "mxfp4"
@@ -68,6 +65,10 @@ class GemmConfig:
     # kernel's arithmetic) into shared memory in the layout its MMA reads, while the
     # weight's first loads are in flight: one launch instead of two.
     fused_act_quant: bool = False
+    # fused_act_quant, sm_90a: lanes sharing a (token, 128-K block) unit of the quantizer:
+    # 16 (8 values a lane, as the act_quant kernel) or 4 (32 a lane: half the shuffle stages
+    # and a quarter of the exponents a value). The same bytes either way.
+    act_quant_lanes: int = 16
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
@@ -126,6 +127,7 @@ class FusedIndexerQGemmBase:
     epilogue_warpgroup_choices: tuple = (1,)  # epilogue warpgroup counts it implements
     has_tensor_core_hadamard: bool = False  # implements GemmConfig.tensor_core_hadamard
     limits_loads_in_flight: bool = False  # implements GemmConfig.loads_in_flight
+    act_quant_lane_choices: tuple = (16,)  # GemmConfig.act_quant_lanes it implements
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -154,6 +156,10 @@ class FusedIndexerQGemmBase:
             out.append("tensor_core_hadamard (this kernel: the butterfly only)")
         if config.fused_act_quant and config.kind != "swap_ab":
             out.append("fused_act_quant needs kind='swap_ab'")
+        if config.act_quant_lanes != 16 and (not config.fused_act_quant
+                                             or config.act_quant_lanes not in cls.act_quant_lane_choices):
+            out.append(f"act_quant_lanes={config.act_quant_lanes} (16; with fused_act_quant, this kernel: "
+                       f"{', '.join(map(str, cls.act_quant_lane_choices))})")
         if config.trace and (config.epilogue or config.arch != "sm_90a"
                              or (config.kind == "native" and config.pipelined_promotion)):
             out.append("trace needs an sm_90a probe (epilogue=False: it writes into the q output), native "
@@ -162,8 +168,6 @@ class FusedIndexerQGemmBase:
             out.append("loads_in_flight (this kernel: its ring's depth)")
         elif config.loads_in_flight < 0 or (config.stages and config.loads_in_flight >= config.stages):
             out.append(f"loads_in_flight={config.loads_in_flight} (0, or 1 up to the ring's stages - 1)")
-        if config.pace_first_block and not config.loads_in_flight:
-            out.append("pace_first_block needs loads_in_flight (the limit it lifts)")
         if config.stages and not 2 <= config.stages <= cls.max_stages(config):
             out.append(f"stages={config.stages} (2..{cls.max_stages(config)} fit shared memory)")
         return out

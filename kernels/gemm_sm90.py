@@ -431,7 +431,7 @@ class Sm90FusedIndexerQ(Sm90NativeKLoops, Sm90EpilogueRoles, Sm90KernelBase):
             tAgA_m = tAgA[(None, self._m_tile(tile), None)]
             tBgB_n = tBgB[(None, tile[1], None)]
             for kt in range(k_begin + early, k_end):
-                pace_loads(ab_pipeline, state, in_flight, self.config.pace_first_block)
+                pace_loads(ab_pipeline, state, in_flight)
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 cute.copy(

@@ -45,7 +45,7 @@ from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, WORDS_PER_RO
                          scatter_tensor, send_partial, shared_storage)
 from .swap_ab_kloop_sm90 import TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
 from .swap_ab_limits_sm90 import Sm90SwapABLimits
-from .swap_ab_quant_sm90 import WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
+from .swap_ab_quant_sm90 import ACT_QUANT_LANE_CHOICES, WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
 
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
 # trace (probe only): TRACE_SLOTS int64 a CTA in the q output. Consumer: 0 globaltimer at its
@@ -59,6 +59,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
     ptx_signature = ("wgmma.mma_async e4m3, tokens on N", "wgmma.mma_async.sync.aligned.m64n{tile}k32.f32.e4m3.e4m3")
     has_tensor_core_hadamard = True  # one row a thread at 8 lanes (hmma.tc_hadamard_row), 1 or 2 epilogue warpgroups
     limits_loads_in_flight = True
+    act_quant_lane_choices = ACT_QUANT_LANE_CHOICES
 
     def __init__(self, config: GemmConfig):
         super().__init__(config)
@@ -415,7 +416,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                     self._stage_qr(tma_a, tAgA, tAsB, staging, staged_tile, k_begin, staged)
                     staged += 1
             for kb in range(first, self.k_blocks):
-                pace_loads(ab_pipeline, state, self.loads_in_flight, self.config.pace_first_block)
+                pace_loads(ab_pipeline, state, self.loads_in_flight)
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._load_weight(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)], bar, w_mask)

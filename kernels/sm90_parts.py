@@ -81,19 +81,12 @@ def landed_state(producer_state, behind: int):
 
 
 @cute.jit
-def pace_loads(ab_pipeline, producer_state, in_flight: cutlass.Constexpr, first_block_only: cutlass.Constexpr):
+def pace_loads(ab_pipeline, producer_state, in_flight: cutlass.Constexpr):
     """GemmConfig.loads_in_flight, before the producer requests its next K block: wait until
-    the block requested `in_flight` before it has landed; with `first_block_only`, until the
-    CTA's first block has, and only while the ring has not wrapped (then its free stages
-    pace it). No code without a limit."""
-    stages = producer_state.stages
-    if cutlass.const_expr(in_flight < stages):
-        if cutlass.const_expr(first_block_only):
-            if producer_state.count >= in_flight and producer_state.count < stages:
-                ab_pipeline.consumer_wait(pipeline.PipelineState(stages, Int32(0), Int32(0), Int32(0)))
-        else:
-            if producer_state.count >= in_flight:
-                ab_pipeline.consumer_wait(landed_state(producer_state, in_flight))
+    the block requested `in_flight` before it has landed. No code without a limit."""
+    if cutlass.const_expr(in_flight < producer_state.stages):
+        if producer_state.count >= in_flight:
+            ab_pipeline.consumer_wait(landed_state(producer_state, in_flight))
 
 
 def swizzled_word(row, word):

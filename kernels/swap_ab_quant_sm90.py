@@ -20,7 +20,7 @@ import cutlass.utils as utils
 from cutlass import Int32
 
 from . import epilogue as epi
-from .act_quant import quantize_unit
+from .act_quant import quantize_unit, quantize_words
 from .gemm_base import SCALE_BLOCK_K
 from .sm90_parts import WARPGROUP
 
@@ -35,6 +35,9 @@ BAR_FIRST_ACT_READY = 3  # the same for the first tile, quantized by the consume
 WEIGHT_BLOCKS_BEFORE_QR = 1
 BAR_QR_LOADS_ISSUED = 4
 QUANT_LANES = 16  # lanes a (token, 128-K block) unit, 8 values a lane (as kernels/act_quant.py)
+# GemmConfig.act_quant_lanes: 16 as above, or 4 (a lane takes four of those 16 lanes'
+# values): two shuffle stages instead of four and one exponent a 32 values instead of a 8
+ACT_QUANT_LANE_CHOICES = (16, 4)
 QUANT_RESERVED_REGS = 64  # a consumer thread's registers kept for addressing while it quantizes
 # Token tiles up to this size have their bf16 rows brought into shared memory by TMA (the
 # producer issues them right after the first weight block): no register budget or load
@@ -135,7 +138,9 @@ class Sm90SwapABQuantizer:
         shared memory (st.async), while the peers send it theirs."""
         t = self.tile_rows
         blocks = self.k_blocks if share is None else self.k_blocks // self.share  # this CTA quantizes
-        groups = helpers * WARPGROUP // QUANT_LANES
+        lanes = self.config.act_quant_lanes
+        taken = QUANT_LANES // lanes  # the 16-lane layout's lanes (8 values each) a thread takes
+        groups = helpers * WARPGROUP // lanes
         rounds = (t * blocks + groups - 1) // groups  # a full tile's
         live = cutlass.min(t, m - row0)  # rows below M (row0 < M)
         if cutlass.const_expr(self.weight_sharers > 1):
@@ -144,8 +149,8 @@ class Sm90SwapABQuantizer:
             live = cutlass.max(0, live)
         units = live * blocks
         live_rounds = (units + groups - 1) // groups
-        half = qtidx // QUANT_LANES
-        lane16 = qtidx % QUANT_LANES
+        half = qtidx // lanes
+        lane_q = qtidx % lanes
         sBw = cute.make_tensor(cute.recast_ptr(sB_ptr, dtype=Int32), cute.make_layout(t * self.k_blocks * 32))
         bar = BAR_ACT_READY if helpers == 1 else BAR_FIRST_ACT_READY
         if cutlass.const_expr(share is not None and not helper):
@@ -167,9 +172,9 @@ class Sm90SwapABQuantizer:
         # The rounds in batches of even size (with the largest batch that fits, the last
         # one could be mostly clamped units: 32 rounds in 4 x 10). Any size works: the
         # loop's last batch may run past the live units, which are clamped and not stored.
-        budget = max(1, (regs - QUANT_RESERVED_REGS) // 4)
+        budget = max(1, (regs - QUANT_RESERVED_REGS) // (4 * taken))
         if cutlass.const_expr(staging is not None):  # shared-memory loads: a few for overlap
-            budget = min(budget, 4)
+            budget = min(budget, max(1, 4 // taken))
         batches = (rounds + budget - 1) // budget
         batch = (rounds + batches - 1) // batches
         if cutlass.const_expr(helpers > 1 and staging is None and self.weight_sharers > 1):
@@ -188,28 +193,41 @@ class Sm90SwapABQuantizer:
                 if cutlass.const_expr(share is not None):  # this CTA's j-th block
                     b = b * self.share + share[0]
                 row = row0 + r
-                col = (k_begin + b) * SCALE_BLOCK_K + lane16 * 8
-                if cutlass.const_expr(staging is not None):
-                    word = (b * t + r) * (SCALE_BLOCK_K // 2) + lane16 * 4
-                    words = [staging[2][word + i] for i in range(4)]
-                else:
-                    words = epi.load_f32x4(qr.iterator + cute.crd2idx((row, col), qr.layout))
-                loaded.append((r, b, words, stored))
+                # the 16-lane layout's lanes this thread takes: lane_q, lane_q + lanes, ...;
+                # at 4 lanes a unit, odd units take them in the other order, so a quarter
+                # warp's two units read the staged rows' two halves (no bank conflict)
+                lane16s = [lane_q] if taken == 1 else [lane_q + lanes * (v ^ (half & 1)) for v in range(taken)]
+                words = []
+                for lane16 in lane16s:
+                    if cutlass.const_expr(staging is not None):
+                        word = (b * t + r) * (SCALE_BLOCK_K // 2) + lane16 * 4
+                        words.extend(staging[2][word + i] for i in range(4))
+                    else:
+                        col = (k_begin + b) * SCALE_BLOCK_K + lane16 * 8
+                        words.extend(epi.load_f32x4(qr.iterator + cute.crd2idx((row, col), qr.layout)))
+                loaded.append((r, b, lane16s, words, stored))
             if cutlass.const_expr(helpers > 1 and staging is None):  # the first tile: let the weight's requests follow
                 if first == 0:
                     cute.arch.barrier_arrive(barrier_id=BAR_QR_LOADS_ISSUED,
                                              number_of_threads=32 + helpers * WARPGROUP, aligned=False)
-            for r, b, words, stored in loaded:
-                out, scale = quantize_unit(words)
-                byte = b * (t * SCALE_BLOCK_K) + r * SCALE_BLOCK_K + ((((lane16 >> 1) ^ (r & 7)) << 4)
-                                                                      + (lane16 & 1) * 8)
+            for r, b, lane16s, words, stored in loaded:
+                if cutlass.const_expr(taken == 1):
+                    out, scale = quantize_unit(words)
+                else:
+                    out, scale = quantize_words([w.bitcast(Int32) for w in words],
+                                                tuple(x for x in (1, 2, 4, 8) if x < lanes))
+                places = [b * (t * SCALE_BLOCK_K) + r * SCALE_BLOCK_K + ((((lane16 >> 1) ^ (r & 7)) << 4)
+                                                                         + (lane16 & 1) * 8) for lane16 in lane16s]
                 if stored:
-                    sBw[byte >> 2] = out[0]
-                    sBw[(byte >> 2) + 1] = out[1]
-                    if lane16 == 0:
-                        sActScale[b, r] = scale
-                    if cutlass.const_expr(share is not None):
-                        self._send_to_peers(sBw, byte, out, sActScale, b, r, scale, lane16, share)
+                    for v, lane16 in enumerate(lane16s):
+                        byte = places[v]
+                        sBw[byte >> 2] = out[2 * v]
+                        sBw[(byte >> 2) + 1] = out[2 * v + 1]
+                        if lane16 == 0:
+                            sActScale[b, r] = scale
+                        if cutlass.const_expr(share is not None):
+                            self._send_to_peers(sBw, byte, out[2 * v:2 * v + 2], sActScale, b, r, scale, lane16,
+                                                share)
         cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
         # Arrive, not sync, in the helpers: bar.sync is .aligned (every thread meeting the
         # barrier at the same instruction), and the helpers' copy of this code is another

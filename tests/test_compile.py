@@ -120,18 +120,16 @@ def test_sm90_pipelined_promotion_keeps_one_wgmma_group_in_flight(tmp_path):
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in _sass(ck)
 
 
-@pytest.mark.parametrize("tile_m,loads_in_flight,pace_first_block", [(64, 3, False), (128, 2, False), (64, 2, True)])
-def test_sm90_loads_in_flight_paces_the_producer(tile_m, loads_in_flight, pace_first_block, tmp_path):
+@pytest.mark.parametrize("tile_m,loads_in_flight", [(64, 3), (128, 2)])
+def test_sm90_loads_in_flight_paces_the_producer(tile_m, loads_in_flight, tmp_path):
     """loads_in_flight: the producer requests at most that many K blocks before the PDL wait
-    and, in its loop, waits on the full barrier of the block issued that many before (or,
-    pace_first_block, of the CTA's first block): an mbarrier wait the unlimited ring's
-    producer does not have; no spills."""
+    and, in its loop, waits on the full barrier of the block issued that many before: an
+    mbarrier wait the unlimited ring's producer does not have; no spills."""
     from indexer_q.kernels.gemm_sm90 import Sm90FusedIndexerQ
 
     waits = {}
     for lif in (0, loads_in_flight):
-        cfg = GemmConfig(arch="sm_90a", tile_m=tile_m, epilogue_warpgroups=2, loads_in_flight=lif,
-                         pace_first_block=pace_first_block and lif > 0)
+        cfg = GemmConfig(arch="sm_90a", tile_m=tile_m, epilogue_warpgroups=2, loads_in_flight=lif)
         ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / str(lif)))
         _assert_no_spills(ck)
         producer = _role_regions(_ptx(ck))[Sm90FusedIndexerQ(cfg).producer_regs]
@@ -141,8 +139,6 @@ def test_sm90_loads_in_flight_paces_the_producer(tile_m, loads_in_flight, pace_f
     assert waits[loads_in_flight] > waits[0], waits
     with pytest.raises(Exception, match="loads_in_flight"):
         jit.compile_fused(GemmConfig(arch="sm_90a", tile_m=64, stages=4, loads_in_flight=4), 8192, 1536)
-    with pytest.raises(Exception, match="pace_first_block needs loads_in_flight"):
-        jit.compile_fused(GemmConfig(arch="sm_90a", tile_m=64, pace_first_block=True), 8192, 1536)
 
 
 def test_sm90_swap_ab_loads_in_flight_paces_the_producer(tmp_path):

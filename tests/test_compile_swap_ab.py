@@ -49,6 +49,16 @@ SM90_CASES = [
          tensor_core_hadamard=True, out_format="fp8"),
     dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=1, pipelined_promotion=True,
          tensor_core_hadamard=True),
+    # the fused quantizer at 4 lanes a unit: qr staged (8-16 tokens) and loaded (32-64),
+    # shared by heads, with token tiles sharing the weight, with a K split
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2,
+         tensor_core_hadamard=True, act_quant_lanes=4),
+    dict(tile_m=8, fused_act_quant=True, split_k=4, epilogue_warpgroups=2, pipelined_promotion=True,
+         act_quant_lanes=4),
+    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2,
+         act_quant_lanes=4),
+    dict(tile_m=64, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=4,
+         act_quant_lanes=4),
 ]
 
 
@@ -97,6 +107,10 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
         assert ptx.count("ld.global.nc.v4.f32") <= 2 and ptx.count("ld.shared.v4") >= 8
     elif cfg.fused_act_quant:  # qr's 16-byte global loads
         assert ptx.count("ld.global.nc.v4.f32") > 8
+    if cfg.fused_act_quant:  # the quantizer's amax: butterfly stages over 16 lanes (xor 1, 2, 4, 8) or
+        # over 4 (xor 1, 2); nothing else in the kernel shuffles across 8 lanes
+        wide = re.search(r"shfl\.sync\.bfly\.b32 %r\d+, %r\d+, 8, ", flat)
+        assert bool(wide) == (cfg.act_quant_lanes == 16)
     assert _spills(ck) == 0
 
 
@@ -162,6 +176,11 @@ def test_swap_ab_limits():
     assert S90.can_implement(GemmConfig(tile_m=32, pipelined_promotion=True, **sw), 8192, 1536)
     assert S90.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, fused_act_quant=True, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, **sw), 8192, 1536)
+    # the fused quantizer at 16 or 4 lanes a unit; the separate one is the act_quant kernel's 16
+    assert S90.can_implement(GemmConfig(tile_m=16, fused_act_quant=True, act_quant_lanes=4, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=16, fused_act_quant=True, act_quant_lanes=8, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=16, act_quant_lanes=4, **sw), 8192, 1536)
+    assert "act_quant_lanes=4" in " ".join(S90.config_problems(GemmConfig(tile_m=16, act_quant_lanes=4, **sw)))
     # the phase-clock trace is a swap_ab probe's (it writes into the q output)
     assert S90.can_implement(GemmConfig(tile_m=16, epilogue=False, trace=True, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=16, trace=True, **sw), 8192, 1536)
@@ -170,6 +189,7 @@ def test_swap_ab_limits():
     assert not S100.can_implement(GemmConfig(tile_m=64, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=256, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, fused_act_quant=True, **s100), 8192, 1536)
+    assert not S100.can_implement(GemmConfig(tile_m=128, act_quant_lanes=4, **s100), 8192, 1536)
 
 
 def test_sm90_swap_ab_trace_probe_compiles(tmp_path):

@@ -219,6 +219,31 @@ def test_swap_ab_fused_quantizer_with_helpers_equals_the_separate_one(m, n, k, t
     _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, fused_act_quant=False), big_cos_sin)
 
 
+# The fused quantizer at 4 lanes a (token, 128-K block) unit against 16: the same bytes.
+# qr staged by TMA (8-16 tokens) and loaded by the quantizers (32-64); the first tile with one
+# and two helper warpgroups, later tiles by the consumer alone (M = 129 at T = 32); K splits
+# (3 a K of 12 and of 9 blocks, 4); heads sharing the quantizer (pairs, fours); token tiles
+# sharing the weight (a pair's second tile past M at M = 40); ragged M.
+LANES_CASES = [
+    (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_n=c, cluster_m=w, epilogue_warpgroups=e,
+                     fused_act_quant=True, pipelined_promotion=p, act_quant_lanes=4))
+    for m, n, k, t, s, c, w, e, p in (
+        (1, 1024, 1536, 8, 4, 1, 1, 1, False), (7, 1024, 1536, 8, 3, 1, 1, 2, True),
+        (16, 8192, 1536, 16, 1, 2, 1, 2, True), (13, 8192, 1024, 16, 1, 4, 1, 1, False),
+        (31, 8192, 1536, 32, 2, 1, 1, 2, True), (33, 8192, 1536, 32, 1, 2, 1, 2, True),
+        (64, 8192, 1536, 64, 1, 4, 1, 2, True), (129, 8192, 1536, 32, 1, 1, 1, 2, False),
+        (20, 8192, 1152, 16, 3, 1, 1, 2, False), (40, 8192, 1536, 16, 1, 1, 2, 2, True),
+        (100, 1024, 1536, 64, 1, 2, 1, 2, True), (200, 1024, 1536, 64, 1, 1, 1, 2, False))
+]
+
+
+@pytest.mark.parametrize("m,n,k,tactic", LANES_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_quantizer_at_4_lanes_equals_16(m, n, k, tactic, big_cos_sin):
+    """Whichever lanes share a unit, the amax, the scale and every e4m3 byte are the same."""
+    _needs_sm90()
+    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, act_quant_lanes=16), big_cos_sin)
+
+
 # Reduce-scatter (a split dividing the tile's groups of 8 tokens) against the gathering
 # reduction at the same split: the same summation order over the ranks, each token's column
 # its own, so the same bytes, the tile sizes differing. (M, N, K, gathering tile, scattering
@@ -338,10 +363,12 @@ def test_swap_ab_fused_quantizer_edge_values(big_cos_sin, precompiled):
     weights = prepare_weights(x["weight"], x["weight_scale"])
     for fmt, had, rnd in FORMATS:
         opts = dict(hadamard=had, fp4_rounding=rnd, out_format=fmt)
-        q1, s1 = _run_twice(x, weights, tactic=exact_tactic(m), **opts)
         q2, s2 = _run_twice(x, weights, tactic=exact_tactic(m, fused=False), **opts)
-        assert torch.equal(q1.view(torch.uint8), q2.view(torch.uint8)), (fmt, had, rnd)
-        assert s1 is None or torch.equal(s1.view(torch.int32), s2.view(torch.int32)), (fmt, had, rnd)
+        # at 16 lanes a unit (8 values a lane) and at 4 (32 a lane, the amax on bf16 pairs)
+        for tactic in (exact_tactic(m), dataclasses.replace(exact_tactic(m), act_quant_lanes=4)):
+            q1, s1 = _run_twice(x, weights, tactic=tactic, **opts)
+            assert torch.equal(q1.view(torch.uint8), q2.view(torch.uint8)), (fmt, had, rnd, tactic)
+            assert s1 is None or torch.equal(s1.view(torch.int32), s2.view(torch.int32)), (fmt, had, rnd, tactic)
 
 
 def test_swap_ab_positions_int32_and_out_of_range(big_cos_sin, precompiled):

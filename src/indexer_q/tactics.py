@@ -36,13 +36,14 @@ class Tactic:
     split_k: int = 1
     # sm_90a (native and swap_ab): K blocks requested and not yet landed, at most, a CTA (0: the ring's free stages)
     loads_in_flight: int = 0
-    pace_first_block: bool = False  # the limit holds until the CTA's first K block has landed only
     pdl: bool = True  # programmatic dependent launch after the activation quantizer
     epilogue_warpgroups: int = 1  # 2: twice the epilogue warps (see GemmConfig)
     # the Hadamard's H16 factor as a bf16 MMA (native: 1 or 2 epilogue warpgroups; swap_ab: 8 lanes a row)
     tensor_core_hadamard: bool = False
     # swap_ab: the kernel quantizes the activation itself (one launch instead of two)
     fused_act_quant: bool = False
+    # fused_act_quant: lanes a (token, 128-K block) unit of its quantizer, 16 or 4 (see GemmConfig)
+    act_quant_lanes: int = 16
     # False: a profiling probe that runs the mainloop only and writes nothing (it
     # measures the epilogue's cost); never among valid_tactics.
     epilogue: bool = True
@@ -57,16 +58,17 @@ class Tactic:
         if self.kind not in ("native", "swap_ab"):
             fail("tactic.kind", '"native" or "swap_ab"', repr(self.kind))
         for name in ("tile_m", "stages", "cluster_m", "cluster_n", "swizzle", "mma_per_promotion", "split_k",
-                     "loads_in_flight", "epilogue_warpgroups"):
+                     "loads_in_flight", "epilogue_warpgroups", "act_quant_lanes"):
             value = getattr(self, name)
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
-        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pace_first_block", "pdl",
+        for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl",
                      "tensor_core_hadamard", "fused_act_quant", "separate_epilogue"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
-                          ("mma_per_promotion", 1), ("split_k", 1), ("loads_in_flight", 0), ("epilogue_warpgroups", 1)):
+                          ("mma_per_promotion", 1), ("split_k", 1), ("loads_in_flight", 0), ("epilogue_warpgroups", 1),
+                          ("act_quant_lanes", 1)):
             if getattr(self, name) < low:
                 fail(f"tactic.{name}", f">= {low}", getattr(self, name))
 
