@@ -288,6 +288,13 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # M = 64, twentieth session); this one has 2 exchange stages fewer a value.
         swapped += [dataclasses.replace(t, tensor_core_hadamard=True) for t in swapped
                     if t.fused_act_quant and t.epilogue_warpgroups == 2]
+        # The fused quantizer at 4 lanes a unit (32 values a lane), beside the knobs the tables
+        # pick (tensor-core Hadamard, pipelined promotion), for tiles of 16 tokens or more: on
+        # the H200 (25th session, the tables' tactics so) 0.3-0.7 us faster at V4 M = 24-96;
+        # TP8's 8-token tiles split in 4 (24 units a CTA) lost 0.2 us, where 16 lanes a unit
+        # spread the few units over more threads.
+        swapped += [dataclasses.replace(t, act_quant_lanes=4) for t in swapped
+                    if t.fused_act_quant and t.tile_m >= 16 and t.tensor_core_hadamard and t.pipelined_promotion]
         cands += swapped
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
