@@ -18,6 +18,7 @@ HEAD_CLUSTERS = (1, 2, 4)
 # each requests 1 / cluster_m of every weight block and multicasts it to all of them, so
 # the head's weight crosses from L2 once a cluster instead of once a token tile.
 WEIGHT_CLUSTERS = (1, 2)
+SEPARATE_QUANT_PIPELINED_MAX_BLOCKS_T16 = 8  # see shape_problems
 
 
 class Sm90SwapABLimits:
@@ -57,6 +58,12 @@ class Sm90SwapABLimits:
         if k_tiles % config.cluster_n:
             return [f"swap_ab cluster_n={config.cluster_n} shares the quantizer's K blocks evenly: it does not "
                     f"divide the {k_tiles} K blocks"]
+        if (config.pipelined_promotion and not config.fused_act_quant and config.tile_m == 16
+                and k_tiles // config.split_k > SEPARATE_QUANT_PIPELINED_MAX_BLOCKS_T16):
+            # the unrolled loop's scales a block ahead spill (CUDA 13's ptxas, 25th session:
+            # 14 local accesses at K = 1536 unsplit, 35 with cluster_m = 2; none at 8 blocks)
+            return [f"swap_ab pipelined_promotion with the separate quantizer at 16 tokens: at most "
+                    f"{SEPARATE_QUANT_PIPELINED_MAX_BLOCKS_T16} K blocks a CTA (here {k_tiles // config.split_k})"]
         fit = cls.stages_that_fit(config, k)
         if fit < 2 or (config.stages and config.stages > fit):
             return [f"shared memory: {fit} weight stages fit beside the rest at tile_m={config.tile_m}, "

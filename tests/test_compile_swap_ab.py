@@ -176,6 +176,13 @@ def test_swap_ab_limits():
     assert S90.can_implement(GemmConfig(tile_m=32, pipelined_promotion=True, **sw), 8192, 1536)
     assert S90.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, fused_act_quant=True, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, **sw), 8192, 1536)
+    # 16-token pipelined tiles with the separate quantizer: up to 8 K blocks a CTA (12 spilled)
+    pipe16 = dict(tile_m=16, pipelined_promotion=True, **sw)
+    assert S90.can_implement(GemmConfig(**pipe16), 8192, 1024)
+    assert S90.can_implement(GemmConfig(split_k=2, **pipe16), 8192, 1536)
+    assert S90.can_implement(GemmConfig(fused_act_quant=True, **pipe16), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(**pipe16), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(cluster_m=2, epilogue_warpgroups=2, **pipe16), 1024, 1536)
     # the fused quantizer at 16 or 4 lanes a unit; the separate one is the act_quant kernel's 16
     assert S90.can_implement(GemmConfig(tile_m=16, fused_act_quant=True, act_quant_lanes=4, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=16, fused_act_quant=True, act_quant_lanes=8, **sw), 8192, 1536)
