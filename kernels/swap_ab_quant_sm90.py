@@ -123,8 +123,8 @@ class Sm90SwapABQuantizer:
                        staging, staged, helper: cutlass.Constexpr = False, share=None):
         """SPEC step 1 for the rank's K blocks of token rows row0.. by `helpers` warpgroups
         (1: the consumer; more: with the epilogue warpgroups, first tile only): each (row,
-        128-K block) unit is a half-warp's, 8 values a lane, quantized with the act_quant
-        kernel's arithmetic and stored as e4m3 in the WGMMA's swizzled B layout (128 bytes
+        128-K block) unit is GemmConfig.act_quant_lanes lanes' (16: a half-warp, 8 values a
+        lane; 4: 32 values a lane), quantized with the act_quant kernel's arithmetic and stored as e4m3 in the WGMMA's swizzled B layout (128 bytes
         a row, 16-byte chunks XORed with row % 8), its scale 2^e beside it. Only the rows
         below M are quantized: the columns of the rows past it hold whatever the buffer
         held, and nothing computed from them is stored (a column of the MMA depends on its
@@ -195,7 +195,8 @@ class Sm90SwapABQuantizer:
                 row = row0 + r
                 # the 16-lane layout's lanes this thread takes: lane_q, lane_q + lanes, ...;
                 # at 4 lanes a unit, odd units take them in the other order, so a quarter
-                # warp's two units read the staged rows' two halves (no bank conflict)
+                # warp's two units read different 64-byte quarters of their staged rows (no
+                # bank conflict)
                 lane16s = [lane_q] if taken == 1 else [lane_q + lanes * (v ^ (half & 1)) for v in range(taken)]
                 words = []
                 for lane16 in lane16s:
