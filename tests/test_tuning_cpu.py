@@ -150,6 +150,31 @@ def test_rechoose_rederives_entries_from_recorded_timings(tmp_path):
     assert doc["metadata"] == meta and Tactic.from_dict(doc["entries"][0]["tactic"]) == a
 
 
+def test_timing_keys_are_tactic_specs_and_older_dict_keys_still_read(tmp_path):
+    """A table's timings are keyed by Tactic.spec() (the kind and the fields off their
+    defaults); every candidate reads back as itself, and an older table's dict keys read
+    (and re-key) as the same tactics."""
+    from indexer_q import table as tables
+    from indexer_q.tactics import valid_tactics
+
+    for m, n, k in ((1, 1024, 1536), (32, 8192, 1536), (256, 8192, 1024), (4096, 8192, 1536)):
+        for t in valid_tactics("sm_90a", m, n, k):
+            assert Tactic.from_spec(t.spec()) == t and tune.tactic_of_key(str(t.as_dict())) == t
+    assert Tactic().spec() == "kind=native"
+    lanes = Tactic(kind="swap_ab", tile_m=16, fused_act_quant=True, act_quant_lanes=4)
+    assert lanes.spec() == "kind=swap_ab,tile_m=16,fused_act_quant=True,act_quant_lanes=4"
+    for bad in ("kind=native,tile=64", "kind=native,pdl=1"):
+        with pytest.raises(ValueError, match="tactic spec"):
+            Tactic.from_spec(bad)
+    assert tune._rekeyed({str(lanes.as_dict()): 1.0, "kind=native": 2.0}) == {lanes.spec(): 1.0, "kind=native": 2.0}
+    a, b = Tactic(tile_m=128, epilogue_warpgroups=2), Tactic(tile_m=128, cluster_n=2, epilogue_warpgroups=2)
+    path = tmp_path / "t.json"
+    tables.write_table(path, {"timings_us": {"256": {a.spec(): 10.8, b.spec(): 10.6}}},
+                       [{"n": 8192, "k": 1536, "m_max": 256, "tactic": b}])
+    tune.rechoose(path)
+    assert Tactic.from_dict(json.loads(path.read_text())["entries"][0]["tactic"]) == a
+
+
 def test_partial_retune_keeps_the_entries_above_and_refuses_a_stale_table(tmp_path):
     """--m-max: the earlier table's entries, timings and checks above M are kept (they are
     the same setup's); a table of other kernels is refused, not mixed in."""

@@ -28,7 +28,7 @@ import torch
 import indexer_q
 from indexer_q import reference as ref
 from indexer_q import table
-from indexer_q.tactics import heuristic, valid_tactics
+from indexer_q.tactics import Tactic, heuristic, valid_tactics
 from indexer_q.testing import fp4_signed_codes, make_inputs
 
 MODELS = {"v4-pro": 1536, "v4-flash": 1024}  # K; N = 8192 / TP
@@ -105,18 +105,26 @@ def choose(timings: dict, default) -> object:
     return best
 
 
+def tactic_of_key(key: str):
+    """A tactic from a table's timing key: Tactic.spec() (from the twenty-fifth session on),
+    or the tactic's dict as Python writes it (older tables; 4x the bytes)."""
+    return Tactic.from_dict(ast.literal_eval(key)) if key.startswith("{") else Tactic.from_spec(key)
+
+
+def _rekeyed(by_tactic: dict) -> dict:
+    """Timing or check keys of any format as Tactic.spec()."""
+    return {tactic_of_key(key).spec(): value for key, value in by_tactic.items()}
+
+
 def rechoose(path, arch="sm_90a") -> Path:
     """Re-derive a table's entries from the timings it recorded, with the current `choose`
     and heuristic (no GPU)."""
-    from indexer_q.tactics import Tactic
-
     doc = json.loads(Path(path).read_text())
     timings = doc["metadata"]["timings_us"]
     sms = doc["metadata"].get("sms")  # the heuristic of the tuned GPU
     entries = []
     for e in doc["entries"]:
-        # keys are the tactics' dicts as Python writes them (see tune below)
-        measured = {Tactic.from_dict(ast.literal_eval(t)): us for t, us in timings[str(e["m_max"])].items()}
+        measured = {tactic_of_key(t): us for t, us in timings[str(e["m_max"])].items()}
         entries.append(e | {"tactic": choose(measured, heuristic(arch, e["m_max"], e["n"], e["k"], sms=sms))})
     table.write_table(Path(path), doc["metadata"], entries)
     return Path(path)
@@ -217,9 +225,10 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
                 refined += 1
     sys.stderr.write("\n")
     entries = [{"n": n, "k": k, "m_max": m, "tactic": results[m][0]} for m in sorted(results)] + kept
-    timings = {str(m): {str(t.as_dict()): round(us, 3) for t, us in tt.items()} for m, (_, tt) in results.items()}
+    timings = {str(m): {t.spec(): round(us, 3) for t, us in tt.items()} for m, (_, tt) in results.items()}
+    kept_timings = {m: _rekeyed(tt) for m, tt in kept_timings.items()}
     meta = gpu_meta | {"model": model, "tp": tp, "checked_at_m": CHECK_M,
-                       "codes_equal": kept_checks | {str(t.as_dict()): round(a, 6) for t, a in checked.items()},
+                       "codes_equal": _rekeyed(kept_checks) | {t.spec(): round(a, 6) for t, a in checked.items()},
                        "timings_us": dict(sorted((timings | kept_timings).items(), key=lambda kv: int(kv[0])))}
     if m_max is not None:
         meta["retuned_up_to_m"] = m_max

@@ -118,6 +118,31 @@ class Tactic:
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def spec(self) -> str:
+        """'field=value,...': the kind and the fields that differ from the defaults (the
+        bench's --tactic syntax, a tuner table's timing keys); from_spec reads it back."""
+        default = Tactic()
+        return ",".join([f"kind={self.kind}"] + [
+            f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+            if f.name != "kind" and getattr(self, f.name) != getattr(default, f.name)])
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "Tactic":
+        default = cls()
+        values = {}
+        for item in spec.split(","):
+            name, _, value = item.partition("=")
+            if not hasattr(default, name):
+                raise ValueError(f"tactic spec {spec!r}: unknown field {name!r}")
+            current = getattr(default, name)
+            if isinstance(current, bool):
+                if value not in ("True", "False"):
+                    raise ValueError(f"tactic spec {spec!r}: {name} is True or False, not {value!r}")
+                values[name] = value == "True"
+            else:
+                values[name] = int(value) if isinstance(current, int) else value
+        return cls(**values)
+
     @classmethod
     def from_dict(cls, d: dict) -> "Tactic":
         names = {f.name for f in dataclasses.fields(cls)}
