@@ -124,8 +124,9 @@ class Sm90SwapABQuantizer:
         """SPEC step 1 for the rank's K blocks of token rows row0.. by `helpers` warpgroups
         (1: the consumer; more: with the epilogue warpgroups, first tile only): each (row,
         128-K block) unit is GemmConfig.act_quant_lanes lanes' (16: a half-warp, 8 values a
-        lane; 4: 32 values a lane), quantized with the act_quant kernel's arithmetic and stored as e4m3 in the WGMMA's swizzled B layout (128 bytes
-        a row, 16-byte chunks XORed with row % 8), its scale 2^e beside it. Only the rows
+        lane; 4: 32 values a lane), quantized with the act_quant kernel's arithmetic and
+        stored as e4m3 in the WGMMA's swizzled B layout (128 bytes a row, 16-byte chunks
+        XORed with row % 8), its scale 2^e beside it. Only the rows
         below M are quantized: the columns of the rows past it hold whatever the buffer
         held, and nothing computed from them is stored (a column of the MMA depends on its
         own token only, and so does every epilogue step). A helper (epilogue) thread only
@@ -184,7 +185,7 @@ class Sm90SwapABQuantizer:
         for first in cutlass.range(0, live_rounds, batch, unroll=1):  # a loop: unrolled it spilled at T = 64
             loaded = []
             for it in cutlass.range_constexpr(batch):
-                # past the last live unit: a live unit's values, computed (the half-warp's
+                # past the last live unit: a live unit's values, computed (the unit's lanes'
                 # shuffles need every lane) and not stored
                 unit = cutlass.min((first + it) * groups + half, units - 1)
                 stored = (first + it) * groups + half < units
@@ -248,8 +249,9 @@ class Sm90SwapABQuantizer:
 
     @cute.jit
     def _send_to_peers(self, sBw, byte, out, sActScale, b, r, scale, lane16, share):
-        """A lane's 8 e4m3 bytes of a shared block (and lane 0 of the half-warp its scale)
-        to the same place in every peer's shared memory, completing on its bytes barrier."""
+        """8 e4m3 bytes of a shared block, those of the 16-lane layout's lane `lane16` (and,
+        for lane16 0, the unit's scale), to the same place in every peer's shared memory,
+        completing on its bytes barrier."""
         # the operand as 8-byte pairs of words (st.async.v2 needs the 8-byte alignment)
         sBpairs = cute.make_tensor(sBw.iterator, cute.make_layout((cute.size(sBw) // 2, 2), stride=(2, 1)))
         for peer in cutlass.range_constexpr(self.share):

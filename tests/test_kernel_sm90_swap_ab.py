@@ -364,8 +364,10 @@ def test_swap_ab_fused_quantizer_edge_values(big_cos_sin, precompiled):
     for fmt, had, rnd in FORMATS:
         opts = dict(hadamard=had, fp4_rounding=rnd, out_format=fmt)
         q2, s2 = _run_twice(x, weights, tactic=exact_tactic(m, fused=False), **opts)
-        # at 16 lanes a unit (8 values a lane) and at 4 (32 a lane, the amax on bf16 pairs)
-        for tactic in (exact_tactic(m), dataclasses.replace(exact_tactic(m), act_quant_lanes=4)):
+        # at 16 lanes a unit (8 values a lane) and at 4 (32 a lane, the amax on bf16 pairs),
+        # qr loaded by the quantizers (64-token tile) and staged by TMA (16 tokens)
+        staged = Tactic(kind="swap_ab", tile_m=16, fused_act_quant=True, act_quant_lanes=4)
+        for tactic in (exact_tactic(m), dataclasses.replace(exact_tactic(m), act_quant_lanes=4), staged):
             q1, s1 = _run_twice(x, weights, tactic=tactic, **opts)
             assert torch.equal(q1.view(torch.uint8), q2.view(torch.uint8)), (fmt, had, rnd, tactic)
             assert s1 is None or torch.equal(s1.view(torch.int32), s2.view(torch.int32)), (fmt, had, rnd, tactic)

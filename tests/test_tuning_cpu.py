@@ -163,10 +163,17 @@ def test_timing_keys_are_tactic_specs_and_older_dict_keys_still_read(tmp_path):
     assert Tactic().spec() == "kind=native"
     lanes = Tactic(kind="swap_ab", tile_m=16, fused_act_quant=True, act_quant_lanes=4)
     assert lanes.spec() == "kind=swap_ab,tile_m=16,fused_act_quant=True,act_quant_lanes=4"
-    for bad in ("kind=native,tile=64", "kind=native,pdl=1"):
+    for bad in ("kind=native,tile=64", "kind=native,pdl=1", "kind=native,spec=1", "kind=native,tile_m=64,tile_m=128"):
         with pytest.raises(ValueError, match="tactic spec"):
             Tactic.from_spec(bad)
     assert tune._rekeyed({str(lanes.as_dict()): 1.0, "kind=native": 2.0}) == {lanes.spec(): 1.0, "kind=native": 2.0}
+    # a spec is read over the defaults its table recorded: a default changed since (here
+    # pdl) keeps the timing on the tactic that was timed; a field removed since is dropped at
+    # its recorded default and refused where a key sets it
+    then = Tactic().as_dict() | {"pdl": False, "retired_knob": 0}
+    assert tune.tactic_of_key("kind=native,tile_m=64", then) == Tactic(tile_m=64, pdl=False)
+    with pytest.raises(ValueError, match="retired_knob"):
+        tune.tactic_of_key("kind=native,retired_knob=1", then)
     a, b = Tactic(tile_m=128, epilogue_warpgroups=2), Tactic(tile_m=128, cluster_n=2, epilogue_warpgroups=2)
     path = tmp_path / "t.json"
     tables.write_table(path, {"timings_us": {"256": {a.spec(): 10.8, b.spec(): 10.6}}},
@@ -180,12 +187,13 @@ def test_partial_retune_keeps_the_entries_above_and_refuses_a_stale_table(tmp_pa
     the same setup's); a table of other kernels is refused, not mixed in."""
     from indexer_q import table as tables
 
+    x, y = Tactic(tile_m=64).spec(), Tactic(tile_m=64, loads_in_flight=3).spec()
     meta = {"gpu": "G", "sms": 132, "cutlass_dsl": "1", "kernel_fingerprint": "f",
-            "timings_us": {"256": {"x": 1.0}, "512": {"y": 2.0}}, "codes_equal": {"y": 1.0}}
+            "timings_us": {"256": {x: 1.0}, "512": {y: 2.0}}, "codes_equal": {y: 1.0}}
     path = tmp_path / "t.json"
     tables.write_table(path, meta, [{"n": 8192, "k": 1536, "m_max": m, "tactic": Tactic()} for m in (256, 512)])
     entries, timings, checks = tune._kept_above(path, 256, meta, 8192, 1536)
-    assert [e["m_max"] for e in entries] == [512] and timings == {"512": {"y": 2.0}} and checks == {"y": 1.0}
+    assert [e["m_max"] for e in entries] == [512] and timings == {"512": {y: 2.0}} and checks == {y: 1.0}
     with pytest.raises(SystemExit, match="kernel_fingerprint"):
         tune._kept_above(path, 256, meta | {"kernel_fingerprint": "g"}, 8192, 1536)
     with pytest.raises(SystemExit, match="N = 1024"):  # another model / TP's table

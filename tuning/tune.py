@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -105,15 +106,24 @@ def choose(timings: dict, default) -> object:
     return best
 
 
-def tactic_of_key(key: str):
-    """A tactic from a table's timing key: Tactic.spec() (from the twenty-fifth session on),
-    or the tactic's dict as Python writes it (older tables; 4x the bytes)."""
-    return Tactic.from_dict(ast.literal_eval(key)) if key.startswith("{") else Tactic.from_spec(key)
+def tactic_of_key(key: str, defaults: dict | None = None):
+    """A tactic from a table's timing key: Tactic.spec() over the Tactic defaults the table
+    recorded (`defaults`, its metadata's `tactic_defaults`: a spec leaves out the fields at
+    their defaults, so a later change of a default must not move old timings onto another
+    tactic), or, in tables before the twenty-fifth session, the tactic's whole dict as Python
+    writes it. A recorded default of a field the Tactic no longer has is dropped (the knob
+    at its default, off: what the kernels do now); a key setting such a field is refused
+    (an unknown field of the spec)."""
+    if key.startswith("{"):
+        return Tactic.from_dict(ast.literal_eval(key))
+    names = {f.name for f in dataclasses.fields(Tactic)}
+    values = {name: v for name, v in (defaults or {}).items() if name in names}
+    return Tactic.from_dict(values | Tactic.spec_fields(key))
 
 
-def _rekeyed(by_tactic: dict) -> dict:
-    """Timing or check keys of any format as Tactic.spec()."""
-    return {tactic_of_key(key).spec(): value for key, value in by_tactic.items()}
+def _rekeyed(by_tactic: dict, defaults: dict | None = None) -> dict:
+    """Timing or check keys of any format (specs over `defaults`) as today's Tactic.spec()."""
+    return {tactic_of_key(key, defaults).spec(): value for key, value in by_tactic.items()}
 
 
 def rechoose(path, arch="sm_90a") -> Path:
@@ -124,7 +134,8 @@ def rechoose(path, arch="sm_90a") -> Path:
     sms = doc["metadata"].get("sms")  # the heuristic of the tuned GPU
     entries = []
     for e in doc["entries"]:
-        measured = {tactic_of_key(t): us for t, us in timings[str(e["m_max"])].items()}
+        defaults = doc["metadata"].get("tactic_defaults")
+        measured = {tactic_of_key(t, defaults): us for t, us in timings[str(e["m_max"])].items()}
         entries.append(e | {"tactic": choose(measured, heuristic(arch, e["m_max"], e["n"], e["k"], sms=sms))})
     table.write_table(Path(path), doc["metadata"], entries)
     return Path(path)
@@ -187,8 +198,9 @@ def _kept_above(path, m_max: int, meta: dict, n: int, k: int) -> tuple[list[dict
         raise SystemExit(f"--m-max keeps {path}'s entries above M = {m_max}, but it was made for another "
                          f"setup ({' and '.join(stale)}): tune it whole")
     entries = [e for e in doc["entries"] if e["m_max"] > m_max]
-    timings = {m: t for m, t in old["timings_us"].items() if int(m) > m_max}
-    return entries, timings, old.get("codes_equal", {})
+    defaults = old.get("tactic_defaults")
+    timings = {m: _rekeyed(t, defaults) for m, t in old["timings_us"].items() if int(m) > m_max}
+    return entries, timings, _rekeyed(old.get("codes_equal", {}), defaults)
 
 
 def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=print, m_max=None) -> Path:
@@ -226,9 +238,9 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     sys.stderr.write("\n")
     entries = [{"n": n, "k": k, "m_max": m, "tactic": results[m][0]} for m in sorted(results)] + kept
     timings = {str(m): {t.spec(): round(us, 3) for t, us in tt.items()} for m, (_, tt) in results.items()}
-    kept_timings = {m: _rekeyed(tt) for m, tt in kept_timings.items()}
     meta = gpu_meta | {"model": model, "tp": tp, "checked_at_m": CHECK_M,
-                       "codes_equal": _rekeyed(kept_checks) | {t.spec(): round(a, 6) for t, a in checked.items()},
+                       "tactic_defaults": Tactic().as_dict(),  # what the timing keys' specs leave out
+                       "codes_equal": kept_checks | {t.spec(): round(a, 6) for t, a in checked.items()},
                        "timings_us": dict(sorted((timings | kept_timings).items(), key=lambda kv: int(kv[0])))}
     if m_max is not None:
         meta["retuned_up_to_m"] = m_max

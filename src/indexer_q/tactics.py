@@ -127,13 +127,16 @@ class Tactic:
             if f.name != "kind" and getattr(self, f.name) != getattr(default, f.name)])
 
     @classmethod
-    def from_spec(cls, spec: str) -> "Tactic":
+    def spec_fields(cls, spec: str) -> dict:
+        """A spec's fields as typed values (the types of this class's fields)."""
         default = cls()
+        names = {f.name for f in dataclasses.fields(cls)}
         values = {}
         for item in spec.split(","):
             name, _, value = item.partition("=")
-            if not hasattr(default, name):
-                raise ValueError(f"tactic spec {spec!r}: unknown field {name!r}")
+            if name not in names or name in values:
+                raise ValueError(f"tactic spec {spec!r}: {'a repeated' if name in values else 'an unknown'} "
+                                 f"field {name!r}")
             current = getattr(default, name)
             if isinstance(current, bool):
                 if value not in ("True", "False"):
@@ -141,7 +144,11 @@ class Tactic:
                 values[name] = value == "True"
             else:
                 values[name] = int(value) if isinstance(current, int) else value
-        return cls(**values)
+        return values
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "Tactic":
+        return cls(**cls.spec_fields(spec))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Tactic":
