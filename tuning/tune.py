@@ -132,9 +132,9 @@ def rechoose(path, arch="sm_90a") -> Path:
     doc = json.loads(Path(path).read_text())
     timings = doc["metadata"]["timings_us"]
     sms = doc["metadata"].get("sms")  # the heuristic of the tuned GPU
+    defaults = doc["metadata"].get("tactic_defaults")
     entries = []
     for e in doc["entries"]:
-        defaults = doc["metadata"].get("tactic_defaults")
         measured = {tactic_of_key(t, defaults): us for t, us in timings[str(e["m_max"])].items()}
         entries.append(e | {"tactic": choose(measured, heuristic(arch, e["m_max"], e["n"], e["k"], sms=sms))})
     table.write_table(Path(path), doc["metadata"], entries)
