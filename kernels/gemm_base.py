@@ -69,6 +69,11 @@ class GemmConfig:
     # 16 (8 values a lane, as the act_quant kernel) or 4 (32 a lane: half the shuffle stages
     # and a quarter of the exponents a value). The same bytes either way.
     act_quant_lanes: int = 16
+    # fused_act_quant, sm_90a swapped A/B: the first token tile's first half of K blocks is
+    # quantized by the consumer and the epilogue warpgroups, the second half by the epilogue
+    # warpgroups alone while the consumer's K loop runs on the first (it waits for the rest
+    # before their WGMMAs): the weight's ring starts draining a half-quantizer sooner.
+    act_quant_overlap: bool = False
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
@@ -128,6 +133,7 @@ class FusedIndexerQGemmBase:
     has_tensor_core_hadamard: bool = False  # implements GemmConfig.tensor_core_hadamard
     limits_loads_in_flight: bool = False  # implements GemmConfig.loads_in_flight
     act_quant_lane_choices: tuple = (16,)  # GemmConfig.act_quant_lanes it implements
+    has_act_quant_overlap: bool = False  # implements GemmConfig.act_quant_overlap
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -160,6 +166,8 @@ class FusedIndexerQGemmBase:
                                              or config.act_quant_lanes not in cls.act_quant_lane_choices):
             out.append(f"act_quant_lanes={config.act_quant_lanes} (16; with fused_act_quant, this kernel: "
                        f"{', '.join(map(str, cls.act_quant_lane_choices))})")
+        if config.act_quant_overlap and not (config.fused_act_quant and cls.has_act_quant_overlap):
+            out.append("act_quant_overlap needs fused_act_quant and a kernel that implements it (sm_90a swap_ab)")
         if config.trace and (config.epilogue or config.arch != "sm_90a"
                              or (config.kind == "native" and config.pipelined_promotion)):
             out.append("trace needs an sm_90a probe (epilogue=False: it writes into the q output), native "
