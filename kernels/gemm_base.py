@@ -74,6 +74,10 @@ class GemmConfig:
     # warpgroups alone while the consumer's K loop runs on the first (it waits for the rest
     # before their WGMMAs): the weight's ring starts draining a half-quantizer sooner.
     act_quant_overlap: bool = False
+    # fused_act_quant, sm_90a swapped A/B, tiles up to 16 tokens: the tile's bf16 rows of qr
+    # come into shared memory by TMA (True), or the quantizers load them (False: the
+    # staging buffer's 48 KB at K = 1536 go to the weight's ring instead, 3 more stages).
+    stage_qr: bool = True
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
@@ -134,6 +138,7 @@ class FusedIndexerQGemmBase:
     limits_loads_in_flight: bool = False  # implements GemmConfig.loads_in_flight
     act_quant_lane_choices: tuple = (16,)  # GemmConfig.act_quant_lanes it implements
     has_act_quant_overlap: bool = False  # implements GemmConfig.act_quant_overlap
+    qr_staging_max_tile: int = 0  # its fused quantizer stages qr by TMA up to this tile_m (GemmConfig.stage_qr)
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -168,6 +173,9 @@ class FusedIndexerQGemmBase:
                        f"{', '.join(map(str, cls.act_quant_lane_choices))})")
         if config.act_quant_overlap and not (config.fused_act_quant and cls.has_act_quant_overlap):
             out.append("act_quant_overlap needs fused_act_quant and a kernel that implements it (sm_90a swap_ab)")
+        if not config.stage_qr and not (config.fused_act_quant and config.tile_m <= cls.qr_staging_max_tile):
+            out.append("stage_qr=False only where the fused quantizer stages qr by TMA (sm_90a swap_ab, "
+                       f"fused_act_quant, tile_m <= {max(cls.qr_staging_max_tile, 16)})")
         if config.trace and (config.epilogue or config.arch != "sm_90a"
                              or (config.kind == "native" and config.pipelined_promotion)):
             out.append("trace needs an sm_90a probe (epilogue=False: it writes into the q output), native "

@@ -45,7 +45,7 @@ from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, WORDS_PER_RO
                          scatter_tensor, send_partial, shared_storage)
 from .swap_ab_kloop_sm90 import TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
 from .swap_ab_limits_sm90 import Sm90SwapABLimits
-from .swap_ab_quant_sm90 import ACT_QUANT_LANE_CHOICES, WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
+from .swap_ab_quant_sm90 import ACT_QUANT_LANE_CHOICES, QR_TMA_MAX_TILE, WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
 
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
 # trace (probe only): TRACE_SLOTS int64 a CTA in the q output. Consumer: 0 globaltimer at its
@@ -61,6 +61,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
     limits_loads_in_flight = True
     act_quant_lane_choices = ACT_QUANT_LANE_CHOICES
     has_act_quant_overlap = True
+    qr_staging_max_tile = QR_TMA_MAX_TILE
 
     def __init__(self, config: GemmConfig):
         super().__init__(config)

@@ -13,7 +13,7 @@ first block of it.
 
 Its loads of qr go first, so they do not queue behind the weight's stream: the producer
 requests WEIGHT_BLOCKS_BEFORE_QR weight blocks, then either brings the tile's qr rows into
-shared memory by TMA itself (tiles up to QR_TMA_MAX_TILE) or, for larger tiles whose
+shared memory by TMA itself (tiles up to QR_TMA_MAX_TILE, unless `stage_qr` is off) or, for larger tiles whose
 quantizers load qr themselves, waits until they have issued their first loads (named
 barrier BAR_QR_LOADS_ISSUED) before requesting the rest.
 """
@@ -61,7 +61,7 @@ class Sm90SwapABQuantizer:
 
     @staticmethod
     def stages_qr_by_tma(config) -> bool:
-        return config.fused_act_quant and config.tile_m <= QR_TMA_MAX_TILE
+        return config.fused_act_quant and config.tile_m <= QR_TMA_MAX_TILE and config.stage_qr
 
     @property
     def rest_from(self):

@@ -69,6 +69,9 @@ SM90_CASES = [
          act_quant_overlap=True),
     dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=1, pipelined_promotion=True,
          act_quant_overlap=True),
+    # a 16-token tile whose quantizers load qr themselves (stage_qr=False: a deeper ring)
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2,
+         tensor_core_hadamard=True, act_quant_lanes=4, stage_qr=False),
 ]
 
 
@@ -214,6 +217,15 @@ def test_swap_ab_limits():
     assert "act_quant_overlap" in " ".join(S90.config_problems(GemmConfig(tile_m=16, cluster_n=2, **over)))
     assert not S90.can_implement(GemmConfig(tile_m=16, act_quant_overlap=True, pipelined_promotion=True, **sw),
                                  8192, 1536)  # the separate quantizer
+    # qr loaded by the quantizers instead of staged: only where it would be staged (fused,
+    # up to 16 tokens); its 48 KB at K = 1536 go to the ring (8 -> 11 stages at 16 tokens)
+    fused16 = GemmConfig(tile_m=16, fused_act_quant=True, **sw)
+    loaded16 = dataclasses.replace(fused16, stage_qr=False)
+    assert S90.can_implement(loaded16, 8192, 1536)
+    assert (S90.stages_that_fit(fused16, 1536), S90.stages_that_fit(loaded16, 1536)) == (8, 11)
+    assert not S90.can_implement(GemmConfig(tile_m=32, fused_act_quant=True, stage_qr=False, **sw), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=16, stage_qr=False, **sw), 8192, 1536)
+    assert "stage_qr=False" in " ".join(S90.config_problems(GemmConfig(tile_m=16, stage_qr=False, **sw)))
     # the phase-clock trace is a swap_ab probe's (it writes into the q output)
     assert S90.can_implement(GemmConfig(tile_m=16, epilogue=False, trace=True, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=16, trace=True, **sw), 8192, 1536)
@@ -224,6 +236,7 @@ def test_swap_ab_limits():
     assert not S100.can_implement(GemmConfig(tile_m=128, fused_act_quant=True, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, act_quant_lanes=4, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, act_quant_overlap=True, **s100), 8192, 1536)
+    assert not S100.can_implement(GemmConfig(tile_m=128, stage_qr=False, **s100), 8192, 1536)
 
 
 def test_sm90_swap_ab_trace_probe_compiles(tmp_path):
