@@ -69,11 +69,6 @@ class GemmConfig:
     # 16 (8 values a lane, as the act_quant kernel) or 4 (32 a lane: half the shuffle stages
     # and a quarter of the exponents a value). The same bytes either way.
     act_quant_lanes: int = 16
-    # fused_act_quant, sm_90a swapped A/B: the first token tile's first half of K blocks is
-    # quantized by the consumer and the epilogue warpgroups, the second half by the epilogue
-    # warpgroups alone while the consumer's K loop runs on the first (it waits for the rest
-    # before their WGMMAs): the weight's ring starts draining a half-quantizer sooner.
-    act_quant_overlap: bool = False
     # fused_act_quant, sm_90a swapped A/B, tiles up to 16 tokens: the tile's bf16 rows of qr
     # come into shared memory by TMA (True), or the quantizers load them (False: the
     # staging buffer's 48 KB at K = 1536 go to the weight's ring instead, 3 more stages).
@@ -137,7 +132,6 @@ class FusedIndexerQGemmBase:
     has_tensor_core_hadamard: bool = False  # implements GemmConfig.tensor_core_hadamard
     limits_loads_in_flight: bool = False  # implements GemmConfig.loads_in_flight
     act_quant_lane_choices: tuple = (16,)  # GemmConfig.act_quant_lanes it implements
-    has_act_quant_overlap: bool = False  # implements GemmConfig.act_quant_overlap
     qr_staging_max_tile: int = 0  # its fused quantizer stages qr by TMA up to this tile_m (GemmConfig.stage_qr)
 
     def __init__(self, config: GemmConfig):
@@ -171,8 +165,6 @@ class FusedIndexerQGemmBase:
                                              or config.act_quant_lanes not in cls.act_quant_lane_choices):
             out.append(f"act_quant_lanes={config.act_quant_lanes} (16; with fused_act_quant, this kernel: "
                        f"{', '.join(map(str, cls.act_quant_lane_choices))})")
-        if config.act_quant_overlap and not (config.fused_act_quant and cls.has_act_quant_overlap):
-            out.append("act_quant_overlap needs fused_act_quant and a kernel that implements it (sm_90a swap_ab)")
         if not config.stage_qr and not (config.fused_act_quant and config.tile_m <= cls.qr_staging_max_tile):
             out.append("stage_qr=False only where the fused quantizer stages qr by TMA (sm_90a swap_ab, "
                        f"fused_act_quant, tile_m <= {max(cls.qr_staging_max_tile, 16)})")

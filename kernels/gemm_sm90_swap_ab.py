@@ -60,7 +60,6 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
     has_tensor_core_hadamard = True  # one row a thread at 8 lanes (hmma.tc_hadamard_row), 1 or 2 epilogue warpgroups
     limits_loads_in_flight = True
     act_quant_lane_choices = ACT_QUANT_LANE_CHOICES
-    has_act_quant_overlap = True
     qr_staging_max_tile = QR_TMA_MAX_TILE
 
     def __init__(self, config: GemmConfig):
@@ -495,7 +494,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                 if m_tile != quantized:
                     if tiles_done == 0:
                         self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1 + self.epi_wgs,
-                                            staging, tiles_quantized, share=share, block_range=self._first_blocks())
+                                            staging, tiles_quantized, share=share)
                     else:
                         self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1, staging,
                                             tiles_quantized)
@@ -511,7 +510,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             elif cutlass.const_expr(pipelined):
                 read_state, tiled_mma = self._k_loop_pipelined(
                     ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, (partial, partial2), w_scales, sActScale,
-                    a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done, staging)
+                    a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done)
             else:
                 read_state, tiled_mma = self._k_loop_plain(
                     ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, w_scale, sActScale, a_scale,

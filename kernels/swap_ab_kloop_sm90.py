@@ -27,8 +27,8 @@ PIPELINED_MAX_TILE = 64
 
 
 class Sm90SwapABKLoops:
-    """Mixin of Sm90SwapABFusedIndexerQ: uses its tile_rows, k_blocks, fused, config,
-    _stamp and the quantizer's rest_from and _wait_for_rest."""
+    """Mixin of Sm90SwapABFusedIndexerQ: uses its tile_rows, k_blocks, fused, config and
+    _stamp."""
 
     @cute.jit
     def _k_loop_plain(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, w_scale, sActScale,
@@ -69,12 +69,11 @@ class Sm90SwapABKLoops:
 
     @cute.jit
     def _k_loop_pipelined(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partials, w_scales,
-                          sActScale, a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done, staging=None):
+                          sActScale, a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done):
         """The tile's K blocks with block kb's promotion under block kb+1's WGMMAs: the
         blocks alternate between the two partials, a block's scales are read when its
         WGMMAs are issued and used once they complete. Unrolled (K is a compile-time
-        constant): no WGMMA is in flight across a loop back-edge. act_quant_overlap: the
-        first tile waits for the rest of its quantized blocks before the first of them."""
+        constant): no WGMMA is in flight across a loop back-edge."""
         mma_per_stage = cute.size(tCrA, mode=[2])
         issue_state = read_state.clone()
         ab_pipeline.consumer_wait(issue_state)
@@ -87,9 +86,6 @@ class Sm90SwapABKLoops:
         for kb in cutlass.range_constexpr(self.k_blocks):
             upcoming = scales
             if cutlass.const_expr(kb + 1 < self.k_blocks):
-                if cutlass.const_expr(self.fused and kb + 1 == self.rest_from):
-                    if tiles_done == 0:
-                        self._wait_for_rest(staging, ctidx)
                 ab_pipeline.consumer_wait(issue_state)
                 if cutlass.const_expr(kb + 1 < 6):
                     if tiles_done == 0:

@@ -48,12 +48,6 @@ class Sm90SwapABLimits:
                        "scales a block ahead spill there)")
         if config.pipelined_promotion and config.tile_m > PIPELINED_MAX_TILE:
             out.append(f"swap_ab pipelined_promotion needs tile_m <= {PIPELINED_MAX_TILE}")
-        if config.act_quant_overlap and not (config.pipelined_promotion and config.tile_m <= TWO_PARTIALS_MAX_TILE
-                                             and config.cluster_n == 1):
-            # the two-partial K loop waits for the rest; heads sharing the quantizer would
-            # need their peers' bytes by halves
-            out.append(f"swap_ab act_quant_overlap needs pipelined_promotion, tile_m <= {TWO_PARTIALS_MAX_TILE} "
-                       "and cluster_n=1")
         return out
 
     @classmethod
@@ -64,8 +58,6 @@ class Sm90SwapABLimits:
         if k_tiles % config.cluster_n:
             return [f"swap_ab cluster_n={config.cluster_n} shares the quantizer's K blocks evenly: it does not "
                     f"divide the {k_tiles} K blocks"]
-        if config.act_quant_overlap and k_tiles // config.split_k < 2:
-            return [f"swap_ab act_quant_overlap needs 2 K blocks a CTA or more (here {k_tiles // config.split_k})"]
         if (config.pipelined_promotion and not config.fused_act_quant and config.tile_m == 16
                 and k_tiles // config.split_k > SEPARATE_QUANT_PIPELINED_MAX_BLOCKS_T16):
             # the unrolled loop's scales a block ahead spill (CUDA 13's ptxas, 25th session:

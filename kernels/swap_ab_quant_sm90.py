@@ -6,11 +6,6 @@ straight into the swizzled B layout the WGMMAs read, with the scales beside it i
 memory. The first tile is quantized by the consumer and the epilogue warpgroups together
 (the epilogue is idle until then); a later token tile by the consumer alone.
 
-With `act_quant_overlap` the first tile goes in two parts: its first half of K blocks as
-above, then the rest by the epilogue warpgroups alone while the consumer runs the first
-half's WGMMAs; the consumer waits for the rest (named barrier BAR_REST_ACT_READY) before the
-first block of it.
-
 Its loads of qr go first, so they do not queue behind the weight's stream: the producer
 requests WEIGHT_BLOCKS_BEFORE_QR weight blocks, then either brings the tile's qr rows into
 shared memory by TMA itself (tiles up to QR_TMA_MAX_TILE, unless `stage_qr` is off) or, for larger tiles whose
@@ -39,7 +34,6 @@ BAR_FIRST_ACT_READY = 3  # the same for the first tile, quantized by the consume
 # (the quantizers wait for that grid before loading qr).
 WEIGHT_BLOCKS_BEFORE_QR = 1
 BAR_QR_LOADS_ISSUED = 4
-BAR_REST_ACT_READY = 5  # act_quant_overlap: the epilogue warpgroups' rest of the first tile is in shared memory
 QUANT_LANES = 16  # lanes a (token, 128-K block) unit, 8 values a lane (as kernels/act_quant.py)
 # GemmConfig.act_quant_lanes: 16 as above, or 4 (a lane takes four of those 16 lanes'
 # values): two shuffle stages instead of four and one exponent a 32 values instead of a 8
@@ -62,13 +56,6 @@ class Sm90SwapABQuantizer:
     @staticmethod
     def stages_qr_by_tma(config) -> bool:
         return config.fused_act_quant and config.tile_m <= QR_TMA_MAX_TILE and config.stage_qr
-
-    @property
-    def rest_from(self):
-        """act_quant_overlap: the first of the first tile's K blocks the epilogue warpgroups
-        quantize beside the K loop (the larger half goes before it, with every helper); else
-        None."""
-        return (self.k_blocks + 1) // 2 if self.config.act_quant_overlap else None
 
     @cute.jit
     def _quantizer_barriers(self, storage, tidx, cta_rank):
@@ -128,31 +115,12 @@ class Sm90SwapABQuantizer:
         if work.is_valid_tile:
             if cutlass.const_expr(self.config.pdl and staging is None):
                 cute.arch.griddepcontrol_wait()  # qr may come from the previous grid
-            row0 = self._m_tile(work.tile_idx) * self.tile_rows
-            self._quantize_tile(qr, sB_ptr, sActScale, row0, qr.shape[0], k_begin, qtidx, 1 + self.epi_wgs, staging,
-                                Int32(0), helper=True, share=share, block_range=self._first_blocks())
-            if cutlass.const_expr(self.rest_from is not None):
-                self._quantize_tile(qr, sB_ptr, sActScale, row0, qr.shape[0], k_begin, qtidx - WARPGROUP, self.epi_wgs,
-                                    staging, Int32(0), helper=True, block_range=(self.rest_from, self.k_blocks))
-
-    def _first_blocks(self):
-        """The K blocks the first tile's helpers quantize before the K loop: all (None), or
-        with act_quant_overlap the first half."""
-        return None if self.rest_from is None else (0, self.rest_from)
-
-    @cute.jit
-    def _wait_for_rest(self, staging, qtidx):
-        """Consumer, act_quant_overlap, first tile: until the epilogue warpgroups' rest of the
-        tile is in shared memory; then the staged qr is free (every quantizer is past its reads)."""
-        cute.arch.barrier(barrier_id=BAR_REST_ACT_READY, number_of_threads=(1 + self.epi_wgs) * WARPGROUP)
-        if cutlass.const_expr(staging is not None):
-            if qtidx == 0:
-                cute.arch.mbarrier_arrive(staging[1])
+            self._quantize_tile(qr, sB_ptr, sActScale, self._m_tile(work.tile_idx) * self.tile_rows, qr.shape[0],
+                                k_begin, qtidx, 1 + self.epi_wgs, staging, Int32(0), helper=True, share=share)
 
     @cute.jit
     def _quantize_tile(self, qr, sB_ptr, sActScale, row0, m, k_begin, qtidx, helpers: cutlass.Constexpr,
-                       staging, staged, helper: cutlass.Constexpr = False, share=None,
-                       block_range: cutlass.Constexpr = None):
+                       staging, staged, helper: cutlass.Constexpr = False, share=None):
         """SPEC step 1 for the rank's K blocks of token rows row0.. by `helpers` warpgroups
         (1: the consumer; more: with the epilogue warpgroups, first tile only): each (row,
         128-K block) unit is GemmConfig.act_quant_lanes lanes' (16: a half-warp, 8 values a
@@ -168,18 +136,9 @@ class Sm90SwapABQuantizer:
         global memory. `share` (the first tile, cluster_n > 1): (this CTA's rank r among the
         cluster's heads, the barrier its peers' bytes complete on): it quantizes K blocks r,
         r + cluster_n, ... only and also sends their e4m3 bytes and scales to every peer's
-        shared memory (st.async), while the peers send it theirs. `block_range` (lo, hi):
-        only those of the rank's K blocks (act_quant_overlap); hi = k_blocks with
-        helper=True is the rest, quantized by the epilogue warpgroups alone beside the
-        consumer's K loop (`helpers` = the epilogue warpgroups, qtidx from their first thread)."""
+        shared memory (st.async), while the peers send it theirs."""
         t = self.tile_rows
         blocks = self.k_blocks if share is None else self.k_blocks // self.share  # this CTA quantizes
-        first_block = 0
-        rest = False
-        if cutlass.const_expr(block_range is not None):
-            first_block = block_range[0]
-            blocks = block_range[1] - block_range[0]
-            rest = helper and first_block > 0
         lanes = self.config.act_quant_lanes
         taken = QUANT_LANES // lanes  # the 16-lane layout's lanes (8 values each) a thread takes
         groups = helpers * WARPGROUP // lanes
@@ -195,14 +154,11 @@ class Sm90SwapABQuantizer:
         lane_q = qtidx % lanes
         sBw = cute.make_tensor(cute.recast_ptr(sB_ptr, dtype=Int32), cute.make_layout(t * self.k_blocks * 32))
         bar = BAR_ACT_READY if helpers == 1 else BAR_FIRST_ACT_READY
-        bar_threads = helpers * WARPGROUP
-        if cutlass.const_expr(rest):
-            bar, bar_threads = BAR_REST_ACT_READY, (1 + helpers) * WARPGROUP
         if cutlass.const_expr(share is not None and not helper):
             if qtidx == 0:  # the peers' blocks: 128 e4m3 bytes and a 4-byte scale a (row, block)
                 cute.arch.mbarrier_arrive_and_expect_tx(
                     share[1], live * (self.k_blocks - blocks) * (SCALE_BLOCK_K + 4))
-        if cutlass.const_expr(helpers == 1 and not helper):
+        if cutlass.const_expr(helpers == 1):
             # every thread is past its last read of the previous tile's scales and operands
             cute.arch.barrier(barrier_id=bar, number_of_threads=WARPGROUP)
         if cutlass.const_expr(staging is not None):
@@ -212,7 +168,7 @@ class Sm90SwapABQuantizer:
         regs = self.consumer_regs - 2 * t
         if cutlass.const_expr(self.config.pipelined_promotion):  # the weight's scales (and a second partial)
             regs = regs - self.k_blocks - (t if self.two_partials else 0)
-        if cutlass.const_expr(helpers > 1 or helper):
+        if cutlass.const_expr(helpers > 1):
             regs = min(regs, self.epilogue_regs)
         # The rounds in batches of even size (with the largest batch that fits, the last
         # one could be mostly clamped units: 32 rounds in 4 x 10). Any size works: the
@@ -222,7 +178,7 @@ class Sm90SwapABQuantizer:
             budget = min(budget, max(1, 4 // taken))
         batches = (rounds + budget - 1) // budget
         batch = (rounds + batches - 1) // batches
-        if cutlass.const_expr(helpers > 1 and staging is None and self.weight_sharers > 1 and not rest):
+        if cutlass.const_expr(helpers > 1 and staging is None and self.weight_sharers > 1):
             if live_rounds == 0:  # nothing to load: the producer's wait must not hang on us
                 cute.arch.barrier_arrive(barrier_id=BAR_QR_LOADS_ISSUED,
                                          number_of_threads=32 + helpers * WARPGROUP, aligned=False)
@@ -234,7 +190,7 @@ class Sm90SwapABQuantizer:
                 unit = cutlass.min((first + it) * groups + half, units - 1)
                 stored = (first + it) * groups + half < units
                 r = unit // blocks
-                b = unit - r * blocks + first_block
+                b = unit - r * blocks
                 if cutlass.const_expr(share is not None):  # this CTA's j-th block
                     b = b * self.share + share[0]
                 row = row0 + r
@@ -252,7 +208,7 @@ class Sm90SwapABQuantizer:
                         col = (k_begin + b) * SCALE_BLOCK_K + lane16 * 8
                         words.extend(epi.load_f32x4(qr.iterator + cute.crd2idx((row, col), qr.layout)))
                 loaded.append((r, b, lane16s, words, stored))
-            if cutlass.const_expr(helpers > 1 and staging is None and not rest):  # the first tile: let the weight's requests follow
+            if cutlass.const_expr(helpers > 1 and staging is None):  # the first tile: let the weight's requests follow
                 if first == 0:
                     cute.arch.barrier_arrive(barrier_id=BAR_QR_LOADS_ISSUED,
                                              number_of_threads=32 + helpers * WARPGROUP, aligned=False)
@@ -279,10 +235,10 @@ class Sm90SwapABQuantizer:
         # barrier at the same instruction), and the helpers' copy of this code is another
         # instruction than the consumer's (compute-sanitizer synccheck flags that)
         if cutlass.const_expr(helper):
-            cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=bar_threads)
+            cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=helpers * WARPGROUP)
         else:
-            cute.arch.barrier(barrier_id=bar, number_of_threads=bar_threads)
-            if cutlass.const_expr(staging is not None and (helpers == 1 or self.rest_from is None)):
+            cute.arch.barrier(barrier_id=bar, number_of_threads=helpers * WARPGROUP)
+            if cutlass.const_expr(staging is not None):
                 if qtidx == 0:  # every quantizer is past its reads: the producer may stage the next tile
                     cute.arch.mbarrier_arrive(staging[1])
             if cutlass.const_expr(share is not None):

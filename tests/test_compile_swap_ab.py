@@ -59,16 +59,6 @@ SM90_CASES = [
          act_quant_lanes=4),
     dict(tile_m=64, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=4,
          act_quant_lanes=4),
-    # the first tile's second half of K quantized beside the K loop: qr staged, with token
-    # tiles sharing the weight; loaded (32 tokens); with a K split; one epilogue warpgroup
-    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2,
-         tensor_core_hadamard=True, act_quant_lanes=4, act_quant_overlap=True),
-    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True,
-         tensor_core_hadamard=True, act_quant_lanes=4, act_quant_overlap=True),
-    dict(tile_m=8, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True,
-         act_quant_overlap=True),
-    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=1, pipelined_promotion=True,
-         act_quant_overlap=True),
     # a 16-token tile whose quantizers load qr themselves (stage_qr=False: a deeper ring)
     dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2,
          tensor_core_hadamard=True, act_quant_lanes=4, stage_qr=False),
@@ -124,10 +114,6 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
         # over 4 (xor 1, 2); nothing else in the kernel shuffles across 8 lanes
         wide = re.search(r"shfl\.sync\.bfly\.b32 %r\d+, %r\d+, 8, ", flat)
         assert bool(wide) == (cfg.act_quant_lanes == 16)
-        # act_quant_overlap: the consumer's wait for the rest of the first tile (bar.sync 5)
-        # in each role's K loop, the epilogue warpgroups' arrive on it; nothing of it otherwise
-        rest = re.findall(r"bar(?:rier)?\.(?:sync|arrive)(?:\.aligned)? 5,", flat)
-        assert len(rest) == (1 + roles if cfg.act_quant_overlap else 0), rest
     assert _spills(ck) == 0
 
 
@@ -205,18 +191,6 @@ def test_swap_ab_limits():
     assert not S90.can_implement(GemmConfig(tile_m=16, fused_act_quant=True, act_quant_lanes=8, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=16, act_quant_lanes=4, **sw), 8192, 1536)
     assert "act_quant_lanes=4" in " ".join(S90.config_problems(GemmConfig(tile_m=16, act_quant_lanes=4, **sw)))
-    # the first tile's rest quantized beside the K loop: the two-partial K loop, no heads
-    # sharing the quantizer, 2 K blocks a CTA or more
-    over = dict(fused_act_quant=True, pipelined_promotion=True, act_quant_overlap=True, **sw)
-    assert S90.can_implement(GemmConfig(tile_m=32, **over), 8192, 1536)
-    assert S90.can_implement(GemmConfig(tile_m=16, cluster_m=2, **over), 8192, 1536)
-    assert S90.can_implement(GemmConfig(tile_m=8, split_k=6, **over), 1024, 1536)
-    assert not S90.can_implement(GemmConfig(tile_m=8, split_k=8, **over), 1024, 1024)  # 1 K block a CTA
-    assert not S90.can_implement(GemmConfig(tile_m=64, **over), 8192, 1536)
-    assert not S90.can_implement(GemmConfig(tile_m=16, cluster_n=2, **over), 8192, 1536)
-    assert "act_quant_overlap" in " ".join(S90.config_problems(GemmConfig(tile_m=16, cluster_n=2, **over)))
-    assert not S90.can_implement(GemmConfig(tile_m=16, act_quant_overlap=True, pipelined_promotion=True, **sw),
-                                 8192, 1536)  # the separate quantizer
     # qr loaded by the quantizers instead of staged: only where it would be staged (fused,
     # up to 16 tokens); its 48 KB at K = 1536 go to the ring (8 -> 11 stages at 16 tokens)
     fused16 = GemmConfig(tile_m=16, fused_act_quant=True, **sw)
@@ -235,7 +209,6 @@ def test_swap_ab_limits():
     assert not S100.can_implement(GemmConfig(tile_m=256, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, fused_act_quant=True, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, act_quant_lanes=4, **s100), 8192, 1536)
-    assert not S100.can_implement(GemmConfig(tile_m=128, act_quant_overlap=True, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, stage_qr=False, **s100), 8192, 1536)
 
 

@@ -244,41 +244,24 @@ def test_swap_ab_quantizer_at_4_lanes_equals_16(m, n, k, tactic, big_cos_sin):
     _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, act_quant_lanes=16), big_cos_sin)
 
 
-# The first tile's second half of K quantized by the epilogue warpgroups beside the K loop
-# (act_quant_overlap) against all of it before: the same bytes. qr staged (8-16 tokens) and
-# loaded (32); token tiles sharing the weight (a pair's second tile past M at M = 40);
-# gathering and scattering K splits (3 blocks a rank at split 4, 2 of them first); one
-# epilogue warpgroup; CTAs with later tiles, quantized by the consumer alone after an
-# overlapped first (M = 129 at T = 32 loaded, M = 200 at T = 16 staged: the staging buffer's
-# second phase).
-OVERLAP_CASES = [
-    (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_m=w, epilogue_warpgroups=e, fused_act_quant=True,
-                     pipelined_promotion=True, act_quant_lanes=lanes, act_quant_overlap=True))
-    for m, n, k, t, s, w, e, lanes in (
-        (1, 1024, 1536, 8, 2, 1, 2, 16), (24, 8192, 1536, 16, 1, 2, 2, 4), (40, 8192, 1536, 16, 1, 2, 2, 4),
-        (33, 8192, 1024, 32, 1, 1, 2, 4), (20, 8192, 1536, 16, 4, 1, 2, 4), (64, 1024, 1536, 16, 2, 1, 2, 4),
-        (13, 1024, 1536, 16, 1, 1, 1, 16), (129, 8192, 1536, 32, 1, 1, 2, 4), (200, 8192, 1536, 16, 1, 1, 2, 4))
+# 8-16-token tiles whose quantizers load qr themselves (stage_qr=False) against qr staged by
+# TMA: the same bytes. Token tiles sharing the weight (a pair's second tile past M at M = 40),
+# heads sharing the quantizer, a gathering K split, one epilogue warpgroup, CTAs with later
+# tiles quantized by the consumer alone (M = 200: 13 token tiles x 64 heads on 132 SMs).
+LOADED_QR_CASES = [
+    (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_m=w, cluster_n=c, epilogue_warpgroups=e,
+                     fused_act_quant=True, pipelined_promotion=True, act_quant_lanes=lanes, stage_qr=False))
+    for m, n, k, t, s, w, c, e, lanes in (
+        (24, 8192, 1536, 16, 1, 2, 1, 2, 4), (40, 8192, 1536, 16, 1, 2, 1, 2, 4), (7, 1024, 1536, 8, 2, 1, 1, 2, 16),
+        (200, 8192, 1536, 16, 1, 1, 1, 2, 4), (16, 8192, 1024, 16, 1, 1, 2, 2, 4), (13, 1024, 1536, 16, 1, 1, 1, 1, 16))
 ]
 
 
-# qr loaded by the quantizers instead of staged by TMA (stage_qr=False, tiles of 8-16): with
-# and without the overlap, token tiles sharing the weight, a K split, CTAs with later tiles.
-OVERLAP_CASES += [
-    (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_m=w, epilogue_warpgroups=2, fused_act_quant=True,
-                     pipelined_promotion=True, act_quant_lanes=lanes, act_quant_overlap=o, stage_qr=False))
-    for m, n, k, t, s, w, lanes, o in (
-        (24, 8192, 1536, 16, 1, 2, 4, False), (40, 8192, 1536, 16, 1, 2, 4, True), (7, 1024, 1536, 8, 2, 1, 16, True),
-        (200, 8192, 1536, 16, 1, 1, 4, True))
-]
-
-
-@pytest.mark.parametrize("m,n,k,tactic", OVERLAP_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
-def test_swap_ab_quantizer_overlapped_with_the_k_loop(m, n, k, tactic, big_cos_sin):
-    """Whoever quantizes the first tile's second half, and whenever, and however qr comes
-    into the SM, the bytes are the same."""
+@pytest.mark.parametrize("m,n,k,tactic", LOADED_QR_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_quantizer_loading_qr_equals_staged(m, n, k, tactic, big_cos_sin):
+    """However qr comes into the SM, the bytes are the same."""
     _needs_sm90()
-    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, act_quant_overlap=False, stage_qr=True),
-                       big_cos_sin)
+    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, stage_qr=True), big_cos_sin)
 
 
 # Reduce-scatter (a split dividing the tile's groups of 8 tokens) against the gathering

@@ -44,8 +44,6 @@ class Tactic:
     fused_act_quant: bool = False
     # fused_act_quant: lanes a (token, 128-K block) unit of its quantizer, 16 or 4 (see GemmConfig)
     act_quant_lanes: int = 16
-    # fused_act_quant: the first tile's second half of K quantized beside the K loop (see GemmConfig)
-    act_quant_overlap: bool = False
     # fused_act_quant, tiles up to 16 tokens: qr staged by TMA (False: loaded by the quantizers; see GemmConfig)
     stage_qr: bool = True
     # False: a profiling probe that runs the mainloop only and writes nothing (it
@@ -67,7 +65,7 @@ class Tactic:
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
         for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl",
-                     "tensor_core_hadamard", "fused_act_quant", "act_quant_overlap", "stage_qr", "separate_epilogue"):
+                     "tensor_core_hadamard", "fused_act_quant", "stage_qr", "separate_epilogue"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
