@@ -329,6 +329,17 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # spread the few units over more threads.
         swapped += [dataclasses.replace(t, act_quant_lanes=4) for t in swapped
                     if t.fused_act_quant and t.tile_m >= 16 and t.tensor_core_hadamard and t.pipelined_promotion]
+        # 16-token tiles whose quantizers load qr themselves (stage_qr=False): the staging
+        # buffer's 48 KB at K = 1536 go to the weight's ring (8 -> 11 stages), so the last
+        # blocks are not requested only as the K loop frees stages (trace, V4-Pro M = 32: the
+        # producer's last request at 3.6 us, the K loop's end 1.7 us later). The tables re-tuned
+        # with them (H200, 26th session) pick them at V4-Pro M = 9-32 (16-token pairs of heads):
+        # bench 5.88 -> 5.69 us at M = 16, 6.86 -> 6.70 at 24, 6.85 -> 6.54 at 32. Forced, 8-token
+        # tiles lost 0.1-1 us so (their staged qr is small beside the ring); TP8's few heads are
+        # not offered them.
+        if _many_heads(n // 128, sms):
+            swapped += [dataclasses.replace(t, stage_qr=False) for t in swapped
+                        if t.fused_act_quant and t.tile_m == 16 and t.tensor_core_hadamard and t.pipelined_promotion]
         cands += swapped
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
