@@ -70,8 +70,9 @@ class GemmConfig:
     # and a quarter of the exponents a value). The same bytes either way.
     act_quant_lanes: int = 16
     # fused_act_quant, sm_90a swapped A/B, tiles up to 16 tokens: the tile's bf16 rows of qr
-    # come into shared memory by TMA (True), or the quantizers load them (False: the
-    # staging buffer's 48 KB at K = 1536 go to the weight's ring instead, 3 more stages).
+    # come into shared memory by TMA (True), or the quantizers load them (False: the staging
+    # buffer's space goes to the weight's ring instead; 16 tokens unsplit at K = 1536: 48 KB,
+    # 8 -> 11 stages).
     stage_qr: bool = True
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the

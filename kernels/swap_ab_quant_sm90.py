@@ -46,6 +46,8 @@ QUANT_RESERVED_REGS = 64  # a consumer thread's registers kept for addressing wh
 # 1.8). Tuner, same run: tiles of 8-16 without a K split 0.3-0.6 us faster (V4-Pro M = 8
 # 6.16 -> 5.60 us, M = 16 6.99 -> 6.53), with one about even; tiles of 32 0.5 us slower
 # (their 49 KB staging buffer), so they load qr themselves, as do tiles of 64 (98 KB).
+# GemmConfig.stage_qr=False makes tiles up to this size load it too, the buffer's space going
+# to the weight's ring (the tables' choice at V4-Pro M = 9-32 in the 26th session).
 QR_TMA_MAX_TILE = 16
 
 

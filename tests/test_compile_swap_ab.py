@@ -59,9 +59,17 @@ SM90_CASES = [
          act_quant_lanes=4),
     dict(tile_m=64, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=4,
          act_quant_lanes=4),
-    # a 16-token tile whose quantizers load qr themselves (stage_qr=False: a deeper ring)
+    # 8-16-token tiles whose quantizers load qr themselves (stage_qr=False: a deeper ring):
+    # weight pairs, the tables' heads pairs (V4-Pro M = 9-32), 16 lanes (its later tiles' 24
+    # units a batch), 8 tokens split in 4
     dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2,
          tensor_core_hadamard=True, act_quant_lanes=4, stage_qr=False),
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2,
+         tensor_core_hadamard=True, act_quant_lanes=4, stage_qr=False),
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True,
+         stage_qr=False),
+    dict(tile_m=8, fused_act_quant=True, split_k=4, epilogue_warpgroups=2, pipelined_promotion=True,
+         stage_qr=False),
 ]
 
 

@@ -246,14 +246,20 @@ def test_swap_ab_quantizer_at_4_lanes_equals_16(m, n, k, tactic, big_cos_sin):
 
 # 8-16-token tiles whose quantizers load qr themselves (stage_qr=False) against qr staged by
 # TMA: the same bytes. Token tiles sharing the weight (a pair's second tile past M at M = 40),
-# heads sharing the quantizer, a gathering K split, one epilogue warpgroup, CTAs with later
-# tiles quantized by the consumer alone (M = 200: 13 token tiles x 64 heads on 132 SMs).
+# heads sharing the quantizer (pairs, fours; the tables' tactic at its shape, M = 32),
+# gathering and scattering K splits, one epilogue warpgroup, CTAs with later tiles quantized
+# by the consumer alone (M = 200: 13 token tiles x 64 heads on 132 SMs; at 16 lanes 24 units
+# a batch). The last four were added after the session's last device call.
 LOADED_QR_CASES = [
     (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_m=w, cluster_n=c, epilogue_warpgroups=e,
-                     fused_act_quant=True, pipelined_promotion=True, act_quant_lanes=lanes, stage_qr=False))
-    for m, n, k, t, s, w, c, e, lanes in (
-        (24, 8192, 1536, 16, 1, 2, 1, 2, 4), (40, 8192, 1536, 16, 1, 2, 1, 2, 4), (7, 1024, 1536, 8, 2, 1, 1, 2, 16),
-        (200, 8192, 1536, 16, 1, 1, 1, 2, 4), (16, 8192, 1024, 16, 1, 1, 2, 2, 4), (13, 1024, 1536, 16, 1, 1, 1, 1, 16))
+                     fused_act_quant=True, pipelined_promotion=True, act_quant_lanes=lanes,
+                     tensor_core_hadamard=tc, stage_qr=False))
+    for m, n, k, t, s, w, c, e, lanes, tc in (
+        (24, 8192, 1536, 16, 1, 2, 1, 2, 4, False), (40, 8192, 1536, 16, 1, 2, 1, 2, 4, False),
+        (7, 1024, 1536, 8, 2, 1, 1, 2, 16, False), (200, 8192, 1536, 16, 1, 1, 1, 2, 4, False),
+        (16, 8192, 1024, 16, 1, 1, 2, 2, 4, False), (13, 1024, 1536, 16, 1, 1, 1, 1, 16, False),
+        (32, 8192, 1536, 16, 1, 1, 2, 2, 4, True), (200, 8192, 1536, 16, 1, 1, 1, 2, 16, False),
+        (64, 8192, 1536, 16, 2, 1, 1, 2, 4, False), (16, 8192, 1536, 16, 1, 1, 4, 2, 4, False))
 ]
 
 

@@ -88,6 +88,20 @@ def test_op_heuristic_takes_the_device_sm_count(monkeypatch):
     assert seen == [78, None]
 
 
+def test_loaded_qr_candidates_are_unsplit_16_token_tiles_at_many_heads():
+    """stage_qr=False is offered where its ring gains stages: 16-token fused tiles without a
+    K split, at V4's 64 heads (not TP8's 8); the heuristic never picks it."""
+    from indexer_q.tactics import heuristic
+
+    for n in (8192, 1024):
+        for m in (8, 16, 32, 64, 256):
+            tactics = valid_tactics("sm_90a", m, n, 1536)
+            loaded = [t for t in tactics if not t.stage_qr]
+            assert all(t.tile_m == 16 and t.split_k == 1 and t.fused_act_quant for t in loaded)
+            assert bool(loaded) == (n == 8192 and 16 <= m <= 64), (n, m)
+            assert heuristic("sm_90a", m, n, 1536).stage_qr
+
+
 def test_valid_tactics_come_from_can_implement():
     # 9 heads: no cluster of 2 along N; no kernel at all for a K that is not a multiple of 128
     assert all(t.cluster_n == 1 for t in valid_tactics("sm_90a", 4096, 9 * 128, 1536))

@@ -337,9 +337,11 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # bench 5.88 -> 5.69 us at M = 16, 6.86 -> 6.70 at 24, 6.85 -> 6.54 at 32. Forced, 8-token
         # tiles lost 0.1-1 us so (their staged qr is small beside the ring); TP8's few heads are
         # not offered them.
+        # Unsplit only: a split rank's staged ring already holds its K blocks.
         if _many_heads(n // 128, sms):
             swapped += [dataclasses.replace(t, stage_qr=False) for t in swapped
-                        if t.fused_act_quant and t.tile_m == 16 and t.tensor_core_hadamard and t.pipelined_promotion]
+                        if t.fused_act_quant and t.tile_m == 16 and t.split_k == 1 and t.tensor_core_hadamard
+                        and t.pipelined_promotion]
         cands += swapped
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
