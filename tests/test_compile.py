@@ -145,13 +145,12 @@ def test_sm90_swap_ab_loads_in_flight_paces_the_producer(tmp_path):
     """The swapped kernel's producer takes the same limit: an extra full-barrier wait in its
     loop (with the fused quantizer, whose weight blocks before the PDL wait are unrolled
     alike in both builds); no spills. sm_100a refuses it."""
-    fused_act_quant = True
     from indexer_q.kernels.gemm_sm90_swap_ab import Sm90SwapABFusedIndexerQ
 
     counts = {}
     for lif in (0, 2):
         cfg = GemmConfig(arch="sm_90a", kind="swap_ab", tile_m=16, epilogue_warpgroups=2, pipelined_promotion=True,
-                         fused_act_quant=fused_act_quant, loads_in_flight=lif)
+                         fused_act_quant=True, loads_in_flight=lif)
         ck = jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / str(lif)))
         _assert_no_spills(ck)
         producer = _role_regions(_ptx(ck))[Sm90SwapABFusedIndexerQ(cfg).producer_regs]

@@ -91,8 +91,6 @@ def test_op_heuristic_takes_the_device_sm_count(monkeypatch):
 def test_loaded_qr_candidates_are_unsplit_16_token_tiles_at_many_heads():
     """stage_qr=False is offered where its ring gains stages: 16-token fused tiles without a
     K split, at V4's 64 heads (not TP8's 8); the heuristic never picks it."""
-    from indexer_q.tactics import heuristic
-
     for n in (8192, 1024):
         for m in (8, 16, 32, 64, 256):
             tactics = valid_tactics("sm_90a", m, n, 1536)
