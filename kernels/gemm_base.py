@@ -74,6 +74,13 @@ class GemmConfig:
     # buffer's space goes to the weight's ring instead; 16 tokens unsplit at K = 1536: 48 KB,
     # 8 -> 11 stages).
     stage_qr: bool = True
+    # sm_90a swapped A/B with pipelined promotion and PDL: the consumer loads its first
+    # tile's weight block scales before its PDL wait instead of after it (they are not the
+    # previous grid's output). ptxas can make the quantizer's later qr loads wait on the
+    # scales' scoreboard, and the producer's weight requests wait for those loads; which
+    # order is faster depends on the shape (H200: V4-Flash M = 24 -0.19 us, M = 32-64 and
+    # V4-Pro +0.1-0.7 us on the 32-token head pair): the tuner decides.
+    scales_before_pdl_wait: bool = False
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
@@ -134,6 +141,7 @@ class FusedIndexerQGemmBase:
     limits_loads_in_flight: bool = False  # implements GemmConfig.loads_in_flight
     act_quant_lane_choices: tuple = (16,)  # GemmConfig.act_quant_lanes it implements
     qr_staging_max_tile: int = 0  # its fused quantizer stages qr by TMA up to this tile_m (GemmConfig.stage_qr)
+    orders_scales_before_pdl_wait: bool = False  # implements GemmConfig.scales_before_pdl_wait
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -169,6 +177,9 @@ class FusedIndexerQGemmBase:
         if not config.stage_qr and not (config.fused_act_quant and config.tile_m <= cls.qr_staging_max_tile):
             out.append("stage_qr=False only where the fused quantizer stages qr by TMA (sm_90a swap_ab, "
                        f"fused_act_quant, tile_m <= {max(cls.qr_staging_max_tile, 16)})")
+        if config.scales_before_pdl_wait and not (cls.orders_scales_before_pdl_wait and config.pipelined_promotion
+                                                  and config.pdl):
+            out.append("scales_before_pdl_wait needs the sm_90a swap_ab kernel with pipelined_promotion and pdl")
         if config.trace and (config.epilogue or config.arch != "sm_90a"
                              or (config.kind == "native" and config.pipelined_promotion)):
             out.append("trace needs an sm_90a probe (epilogue=False: it writes into the q output), native "

@@ -61,6 +61,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
     limits_loads_in_flight = True
     act_quant_lane_choices = ACT_QUANT_LANE_CHOICES
     qr_staging_max_tile = QR_TMA_MAX_TILE
+    orders_scales_before_pdl_wait = True
 
     def __init__(self, config: GemmConfig):
         super().__init__(config)
@@ -461,9 +462,11 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         m = act.shape[0]
         self._stamp(trace, 0, ctidx, global_timer=True)
         self._stamp(trace, 1, ctidx)
-        if cutlass.const_expr(self.config.pdl):
+        scales_first = self.config.scales_before_pdl_wait
+        if cutlass.const_expr(self.config.pdl and not scales_first):
             cute.arch.griddepcontrol_wait()  # the activation (or its scales) come from the previous grid
-        self._stamp(trace, 2, ctidx)
+        if cutlass.const_expr(not scales_first):
+            self._stamp(trace, 2, ctidx)
         lane = cute.arch.lane_idx()
         quad_lane = lane % 4
         # Accumulator value i = v + 2h + 4j + (T/2) mi: dim 64 mi + 16 warp + lane / 4 + 8h,
@@ -490,6 +493,13 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             # pipelined: the weight's block scales of the whole tile, loaded before the
             # quantizer so that their latency hides under it
             w_scales = [w_scale[head, k_begin + kb] for kb in range(self.k_blocks)] if pipelined else []
+            if cutlass.const_expr(scales_first):
+                if tiles_done == 0:
+                    # GemmConfig.scales_before_pdl_wait: the weight's scales are not the previous
+                    # grid's output, so their loads may land during its tail
+                    if cutlass.const_expr(self.config.pdl):
+                        cute.arch.griddepcontrol_wait()  # the activation comes from the previous grid
+                    self._stamp(trace, 2, ctidx)
             if cutlass.const_expr(self.fused):
                 if m_tile != quantized:
                     if tiles_done == 0:

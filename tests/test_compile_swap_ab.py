@@ -70,6 +70,12 @@ SM90_CASES = [
          stage_qr=False),
     dict(tile_m=8, fused_act_quant=True, split_k=4, epilogue_warpgroups=2, pipelined_promotion=True,
          stage_qr=False),
+    # the first tile's weight scales loaded before the consumer's PDL wait: the tables' 32-token
+    # head pair, and 64 tokens in a reduce-scatter split
+    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2,
+         tensor_core_hadamard=True, act_quant_lanes=4, scales_before_pdl_wait=True),
+    dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True,
+         act_quant_lanes=4, scales_before_pdl_wait=True),
 ]
 
 
@@ -218,6 +224,29 @@ def test_swap_ab_limits():
     assert not S100.can_implement(GemmConfig(tile_m=128, fused_act_quant=True, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, act_quant_lanes=4, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, stage_qr=False, **s100), 8192, 1536)
+
+
+def test_sm90_scales_before_pdl_wait_moves_only_the_wait(tmp_path):
+    """scales_before_pdl_wait changes the consumer's code (its PDL wait after the first
+    tile's weight-scale loads), not what the kernel computes: the same instructions but
+    that order, one consumer wait either way."""
+    base = dict(kind="swap_ab", hadamard=True, tile_m=32, fused_act_quant=True, epilogue_warpgroups=2,
+                pipelined_promotion=True, cluster_n=2, tensor_core_hadamard=True, act_quant_lanes=4)
+    ptx = {}
+    for early in (False, True):
+        ck = jit.compile_fused(GemmConfig(scales_before_pdl_wait=early, **base), 8192, 1024,
+                               keep_dir=str(tmp_path / str(early)))
+        ptx[early] = _ptx(ck)
+        assert _spills(ck) == 0
+    assert ptx[True] != ptx[False]
+    assert ptx[True].count("griddepcontrol.wait") == ptx[False].count("griddepcontrol.wait")
+
+    def instructions(text):
+        return sorted(line.split()[0] for line in text.splitlines() if line.strip() and not line.strip().startswith(
+            ("//", "$", "{", "}", ".", "@")) and not line.rstrip().endswith(":"))
+    # the same multiset of opcodes (register numbering and the branch around the wait aside)
+    a, b = instructions(ptx[False]), instructions(ptx[True])
+    assert abs(len(a) - len(b)) <= 8, (len(a), len(b))
 
 
 def test_sm90_swap_ab_trace_probe_compiles(tmp_path):

@@ -46,6 +46,8 @@ class Tactic:
     act_quant_lanes: int = 16
     # fused_act_quant, tiles up to 16 tokens: qr staged by TMA (False: loaded by the quantizers; see GemmConfig)
     stage_qr: bool = True
+    # sm_90a swap_ab, pipelined: the first tile's weight scales loaded before the PDL wait (see GemmConfig)
+    scales_before_pdl_wait: bool = False
     # False: a profiling probe that runs the mainloop only and writes nothing (it
     # measures the epilogue's cost); never among valid_tactics.
     epilogue: bool = True
@@ -65,7 +67,8 @@ class Tactic:
             if type(value) is not int:
                 fail(f"tactic.{name}", "an int", repr(value))
         for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl",
-                     "tensor_core_hadamard", "fused_act_quant", "stage_qr", "separate_epilogue"):
+                     "tensor_core_hadamard", "fused_act_quant", "stage_qr", "scales_before_pdl_wait",
+                     "separate_epilogue"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
@@ -342,6 +345,13 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
             swapped += [dataclasses.replace(t, stage_qr=False) for t in swapped
                         if t.fused_act_quant and t.tile_m == 16 and t.split_k == 1 and t.tensor_core_hadamard
                         and t.pipelined_promotion]
+        # The first tile's weight scales loaded before the consumer's PDL wait (see GemmConfig),
+        # for the 4-lane quantizers of 32-64-token tiles, whose later qr loads waited on the
+        # scales' scoreboard in the SASS (16-token tiles issue their one batch before it). On
+        # the H200 (27th session, A/B of the 32-token head pair): V4-Flash M = 24 5.15 -> 4.96
+        # us, but M = 32-64 +0.15-0.30 and V4-Pro M = 24-96 +0.11-0.72.
+        swapped += [dataclasses.replace(t, scales_before_pdl_wait=True) for t in swapped
+                    if t.fused_act_quant and t.tile_m >= 32 and t.act_quant_lanes == 4]
         cands += swapped
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
