@@ -171,6 +171,7 @@ def test_sm100_swap_ab_compiles(out_format, hadamard, tmp_path):
 def test_swap_ab_limits():
     from indexer_q.kernels.gemm_sm90_swap_ab import Sm90SwapABFusedIndexerQ as S90
     from indexer_q.kernels.gemm_sm100_swap_ab import Sm100SwapABFusedIndexerQ as S100
+    from indexer_q.kernels.gemm_sm90 import Sm90FusedIndexerQ as S90N
 
     sw = dict(kind="swap_ab")
     assert S90.can_implement(GemmConfig(tile_m=16, **sw), 8192, 1536)
@@ -214,6 +215,14 @@ def test_swap_ab_limits():
     assert not S90.can_implement(GemmConfig(tile_m=32, fused_act_quant=True, stage_qr=False, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=16, stage_qr=False, **sw), 8192, 1536)
     assert "stage_qr=False" in " ".join(S90.config_problems(GemmConfig(tile_m=16, stage_qr=False, **sw)))
+    # the weight's scales before the consumer's PDL wait: its pipelined K loops load them ahead
+    early = dict(fused_act_quant=True, pipelined_promotion=True, scales_before_pdl_wait=True, **sw)
+    assert S90.can_implement(GemmConfig(tile_m=32, **early), 8192, 1024)
+    assert not S90.can_implement(GemmConfig(tile_m=32, **(early | {"pipelined_promotion": False})), 8192, 1024)
+    assert not S90.can_implement(GemmConfig(tile_m=32, pdl=False, **early), 8192, 1024)
+    assert "scales_before_pdl_wait" in " ".join(S90.config_problems(GemmConfig(tile_m=32, pdl=False, **early)))
+    assert not S90N.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, scales_before_pdl_wait=True),
+                                  8192, 1024)
     # the phase-clock trace is a swap_ab probe's (it writes into the q output)
     assert S90.can_implement(GemmConfig(tile_m=16, epilogue=False, trace=True, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=16, trace=True, **sw), 8192, 1536)
@@ -224,6 +233,8 @@ def test_swap_ab_limits():
     assert not S100.can_implement(GemmConfig(tile_m=128, fused_act_quant=True, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, act_quant_lanes=4, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, stage_qr=False, **s100), 8192, 1536)
+    assert not S100.can_implement(GemmConfig(tile_m=128, pipelined_promotion=True, scales_before_pdl_wait=True,
+                                             **s100), 8192, 1536)
 
 
 def test_sm90_scales_before_pdl_wait_moves_only_the_wait(tmp_path):

@@ -270,6 +270,27 @@ def test_swap_ab_quantizer_loading_qr_equals_staged(m, n, k, tactic, big_cos_sin
     _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, stage_qr=True), big_cos_sin)
 
 
+# The first tile's weight scales loaded before the consumer's PDL wait against after it: the
+# same bytes. The tables' 32-token head pair (M = 24: a tile part past M), a CTA with later
+# tiles (M = 200 on 7 token tiles x 64 heads), 64 tokens in a reduce-scatter split, TP8's
+# heads unshared, token tiles sharing the weight.
+EARLY_SCALES_CASES = [
+    (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_m=w, cluster_n=c, epilogue_warpgroups=2,
+                     fused_act_quant=True, pipelined_promotion=True, act_quant_lanes=4,
+                     tensor_core_hadamard=True, scales_before_pdl_wait=True))
+    for m, n, k, t, s, w, c in (
+        (24, 8192, 1024, 32, 1, 1, 2), (200, 8192, 1024, 32, 1, 1, 2), (64, 8192, 1536, 64, 2, 1, 1),
+        (33, 1024, 1536, 32, 1, 1, 1), (64, 8192, 1536, 32, 1, 2, 1))
+]
+
+
+@pytest.mark.parametrize("m,n,k,tactic", EARLY_SCALES_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_scales_before_pdl_wait_equal_after(m, n, k, tactic, big_cos_sin):
+    """Where the PDL wait sits changes no byte."""
+    _needs_sm90()
+    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, scales_before_pdl_wait=False), big_cos_sin)
+
+
 # Reduce-scatter (a split dividing the tile's groups of 8 tokens) against the gathering
 # reduction at the same split: the same summation order over the ranks, each token's column
 # its own, so the same bytes, the tile sizes differing. (M, N, K, gathering tile, scattering

@@ -100,6 +100,21 @@ def test_loaded_qr_candidates_are_unsplit_16_token_tiles_at_many_heads():
             assert heuristic("sm_90a", m, n, 1536).stage_qr
 
 
+def test_scales_before_pdl_wait_candidates_are_4_lane_fused_tiles_of_32_or_more():
+    """The weight's scales before the PDL wait are offered as twins of the 4-lane fused
+    quantizer's 32-64-token tiles (where its later qr loads waited on them), at every head
+    count; never by the heuristic."""
+    for n, k in ((8192, 1536), (8192, 1024), (1024, 1536)):
+        for m in (8, 16, 24, 64, 256):
+            tactics = valid_tactics("sm_90a", m, n, k)
+            early = [t for t in tactics if t.scales_before_pdl_wait]
+            assert all(t.tile_m >= 32 and t.fused_act_quant and t.act_quant_lanes == 4 and t.pipelined_promotion
+                       for t in early)
+            assert all(dataclasses.replace(t, scales_before_pdl_wait=False) in tactics for t in early)
+            assert bool(early) == (m >= 24), (n, m)
+            assert not heuristic("sm_90a", m, n, k).scales_before_pdl_wait
+
+
 def test_valid_tactics_come_from_can_implement():
     # 9 heads: no cluster of 2 along N; no kernel at all for a K that is not a multiple of 128
     assert all(t.cluster_n == 1 for t in valid_tactics("sm_90a", 4096, 9 * 128, 1536))
