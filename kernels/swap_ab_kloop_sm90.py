@@ -69,18 +69,22 @@ class Sm90SwapABKLoops:
 
     @cute.jit
     def _k_loop_pipelined(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partials, w_scales,
-                          sActScale, a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done):
+                          sActScale, a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done, w_loader=None):
         """The tile's K blocks with block kb's promotion under block kb+1's WGMMAs: the
         blocks alternate between the two partials, a block's scales are read when its
         WGMMAs are issued and used once they complete. Unrolled (K is a compile-time
-        constant): no WGMMA is in flight across a loop back-edge."""
-        mma_per_stage = cute.size(tCrA, mode=[2])
+        constant): no WGMMA is in flight across a loop back-edge. `w_loader`
+        (GemmConfig.weight_in_registers): tCrA is a register A per partial, each block's
+        weight loaded into it by ldmatrix before its WGMMAs, and its ring stage released
+        then (the resident tokens are the only shared-memory operand left)."""
+        in_registers = w_loader is not None
+        mma_per_stage = cute.size(tCrA[0] if in_registers else tCrA, mode=[2])
         issue_state = read_state.clone()
         ab_pipeline.consumer_wait(issue_state)
         if tiles_done == 0:
             self._stamp(trace, 4, ctidx)
-        tiled_mma = issue_wgmmas(tiled_mma, partials[0], tCrA, tCrB, range(mma_per_stage), issue_state.index,
-                                 stage_b=0 if self.fused else None)
+        tiled_mma = self._issue_block(ab_pipeline, issue_state, tiled_mma, partials[0], tCrA, tCrB, 0,
+                                      mma_per_stage, w_loader)
         issue_state.advance()
         scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
         for kb in cutlass.range_constexpr(self.k_blocks):
@@ -90,18 +94,32 @@ class Sm90SwapABKLoops:
                 if cutlass.const_expr(kb + 1 < 6):
                     if tiles_done == 0:
                         self._stamp(trace, 5 + kb, ctidx)
-                tiled_mma = issue_wgmmas(tiled_mma, partials[(kb + 1) % 2], tCrA, tCrB, range(mma_per_stage),
-                                         issue_state.index, stage_b=kb + 1 if self.fused else None)
+                tiled_mma = self._issue_block(ab_pipeline, issue_state, tiled_mma, partials[(kb + 1) % 2], tCrA,
+                                              tCrB, kb + 1, mma_per_stage, w_loader)
                 issue_state.advance()
                 upcoming = self._block_scales(kb + 1, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
                 cute.nvgpu.warpgroup.wait_group(1)
             else:
                 cute.nvgpu.warpgroup.wait_group(0)
-            ab_pipeline.consumer_release(read_state)
+            if cutlass.const_expr(not in_registers):
+                ab_pipeline.consumer_release(read_state)
             read_state.advance()
             self._promote(acc, partials[kb % 2], scales)
             scales = upcoming
         return read_state, tiled_mma
+
+    def _issue_block(self, ab_pipeline, issue_state, tiled_mma, partial, tCrA, tCrB, kb, mma_per_stage, w_loader):
+        """Block kb's WGMMAs into `partial` (one commit group). Shared-memory A: the ring
+        stage's descriptors. Register A (w_loader): the stage into block kb's register A by
+        ldmatrix, the stage released, then the WGMMAs on the registers."""
+        if cutlass.const_expr(w_loader is None):
+            return issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(mma_per_stage), issue_state.index,
+                                stage_b=kb if self.fused else None)
+        ldsm, thr_ldsm, sW = w_loader
+        a_regs = tCrA[kb % 2]
+        cute.copy(ldsm, thr_ldsm.partition_S(sW[None, None, issue_state.index]), thr_ldsm.retile(a_regs))
+        ab_pipeline.consumer_release(issue_state)  # the weight is in registers: the stage may refill
+        return issue_wgmmas(tiled_mma, partial, a_regs, tCrB, range(mma_per_stage), None, stage_b=kb)
 
     @cute.jit
     def _k_loop_halves(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, w_scales, sActScale,

@@ -76,6 +76,14 @@ SM90_CASES = [
          tensor_core_hadamard=True, act_quant_lanes=4, scales_before_pdl_wait=True),
     dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True,
          act_quant_lanes=4, scales_before_pdl_wait=True),
+    # the weight as a register A operand (ldmatrix a block): 16-token weight pairs, the 32-token
+    # head pair, 8 tokens split in 4
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2,
+         tensor_core_hadamard=True, act_quant_lanes=4, weight_in_registers=True),
+    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2,
+         tensor_core_hadamard=True, act_quant_lanes=4, weight_in_registers=True),
+    dict(tile_m=8, fused_act_quant=True, split_k=4, epilogue_warpgroups=2, pipelined_promotion=True,
+         weight_in_registers=True),
 ]
 
 
@@ -128,6 +136,12 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
         # over 4 (xor 1, 2); nothing else in the kernel shuffles across 8 lanes
         wide = re.search(r"shfl\.sync\.bfly\.b32 %r\d+, %r\d+, 8, ", flat)
         assert bool(wide) == (cfg.act_quant_lanes == 16)
+    # weight_in_registers: every WGMMA takes a register A, 8 ldmatrix.x4 a block (16 KB over
+    # the warpgroup); otherwise a shared-memory descriptor and no ldmatrix
+    register_a = len(re.findall(wgmma.replace(".", r"\.") + r" \{[^}]*\}, \{", ptx))
+    assert register_a == (ptx.count(wgmma) if cfg.weight_in_registers else 0)
+    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") == (8 * blocks * roles if cfg.weight_in_registers
+                                                                     else 0)
     assert _spills(ck) == 0
 
 
@@ -223,6 +237,15 @@ def test_swap_ab_limits():
     assert "scales_before_pdl_wait" in " ".join(S90.config_problems(GemmConfig(tile_m=32, pdl=False, **early)))
     assert not S90N.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, scales_before_pdl_wait=True),
                                   8192, 1024)
+    # the weight as a register A: pipelined, fused, a second partial (tiles up to 32)
+    rs = dict(fused_act_quant=True, pipelined_promotion=True, weight_in_registers=True, **sw)
+    assert S90.can_implement(GemmConfig(tile_m=32, **rs), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=64, **rs), 8192, 1536)
+    assert not S90.can_implement(GemmConfig(tile_m=16, **(rs | {"fused_act_quant": False})), 8192, 1024)
+    assert not S90.can_implement(GemmConfig(tile_m=16, **(rs | {"pipelined_promotion": False})), 8192, 1536)
+    assert "weight_in_registers" in " ".join(S90.config_problems(GemmConfig(tile_m=64, **rs)))
+    assert not S90N.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, fused_act_quant=True,
+                                             weight_in_registers=True), 8192, 1536)
     # the phase-clock trace is a swap_ab probe's (it writes into the q output)
     assert S90.can_implement(GemmConfig(tile_m=16, epilogue=False, trace=True, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=16, trace=True, **sw), 8192, 1536)
@@ -234,6 +257,8 @@ def test_swap_ab_limits():
     assert not S100.can_implement(GemmConfig(tile_m=128, act_quant_lanes=4, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, stage_qr=False, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, pipelined_promotion=True, scales_before_pdl_wait=True,
+                                             **s100), 8192, 1536)
+    assert not S100.can_implement(GemmConfig(tile_m=128, pipelined_promotion=True, weight_in_registers=True,
                                              **s100), 8192, 1536)
 
 

@@ -291,6 +291,29 @@ def test_swap_ab_scales_before_pdl_wait_equal_after(m, n, k, tactic, big_cos_sin
     _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, scales_before_pdl_wait=False), big_cos_sin)
 
 
+# The weight as a register A operand (ldmatrix a block) against the WGMMAs reading it from
+# shared memory: the same products in the same order, so the same bytes. TP8's 16-token tile
+# (the table's at M = 128: 8 token tiles a head), the 32-token head pair at M = 24 (a tile part
+# past M) and M = 200 (later tiles), 16-token weight pairs (the stage released to both CTAs),
+# 8 tokens split in 2 (a reduce-scatter), qr loaded by the quantizers.
+REGISTER_A_CASES = [
+    (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_m=w, cluster_n=c, epilogue_warpgroups=2,
+                     fused_act_quant=True, pipelined_promotion=True, act_quant_lanes=4,
+                     tensor_core_hadamard=True, stage_qr=q, weight_in_registers=True))
+    for m, n, k, t, s, w, c, q in (
+        (128, 1024, 1536, 16, 1, 1, 1, True), (24, 8192, 1024, 32, 1, 1, 2, True),
+        (200, 8192, 1024, 32, 1, 1, 2, True), (32, 8192, 1536, 16, 1, 2, 1, True),
+        (13, 1024, 1536, 8, 2, 1, 1, True), (32, 8192, 1536, 16, 1, 1, 2, False))
+]
+
+
+@pytest.mark.parametrize("m,n,k,tactic", REGISTER_A_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_weight_in_registers_equals_shared(m, n, k, tactic, big_cos_sin):
+    """Where the WGMMA reads the weight from changes no byte."""
+    _needs_sm90()
+    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, weight_in_registers=False), big_cos_sin)
+
+
 # Reduce-scatter (a split dividing the tile's groups of 8 tokens) against the gathering
 # reduction at the same split: the same summation order over the ranks, each token's column
 # its own, so the same bytes, the tile sizes differing. (M, N, K, gathering tile, scattering
