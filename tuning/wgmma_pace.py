@@ -1,7 +1,10 @@
 """How fast one SM works the swapped kernel's K blocks, with nothing else on it: `python -m
 tuning.wgmma_pace` (GPU). A block is the 128 x 128 e4m3 weight tile as the A operand and T
 tokens as B: 8 WGMMAs m64nTk32, two blocks in flight as the pipelined K loop keeps them
-(`kernels/swap_ab_kloop_sm90.py`). Three ways, cycles a block (SM clock, median of 5 launches):
+(`kernels/swap_ab_kloop_sm90.py`), each block promoted into an accumulator once it is done (as
+the kernel does; it also keeps every block live: ptxas replaces WGMMAs whose partial is
+overwritten unread by empty ones, which made the first version of this tool read 39 cycles).
+Three ways, cycles a block (SM clock, median of 5 launches):
 
 - SS: A read from shared memory by the WGMMAs (the kernels' way);
 - RS: A first loaded into registers by `ldmatrix` from the same swizzled tile, the WGMMAs
@@ -77,6 +80,8 @@ class WgmmaPace:
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
             partials = tuple(cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, self.tokens)), Float32)
                              for _ in range(2))
+            acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, self.tokens)), Float32)
+            acc.fill(0.0)
             k_slices = cute.size(tCrB, mode=[2])
             if cutlass.const_expr(self.a_in_registers):
                 a_regs = tuple(tiled_mma.make_fragment_A(tCsA[None, None, None, s]) for s in range(2))
@@ -97,12 +102,15 @@ class WgmmaPace:
                     cute.gemm(tiled_mma, partials[stage], a, tCrB[None, None, k], partials[stage])
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
-                warpgroup.wait_group(1)  # block b-1 done: two blocks in flight, as the K loop keeps
+                if cutlass.const_expr(b > 0):
+                    warpgroup.wait_group(1)  # block b-1 done: two blocks in flight, as the K loop keeps
+                    self._promote(acc, partials[1 - stage], b)
             warpgroup.wait_group(0)
+            self._promote(acc, partials[(BLOCKS - 1) % 2], BLOCKS)
             end = cute.arch.clock64()
             total = Float32(0.0)  # keep the results live
-            for i in cutlass.range_constexpr(cute.size(partials[0])):
-                total = total + partials[0][i] + partials[1][i]
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                total = total + acc[i]
             if tidx == 0:
                 out[0] = end - start
                 out[1] = Int64(total != Float32(1.0))
@@ -110,6 +118,13 @@ class WgmmaPace:
             for r in cutlass.range(4 * BLOCKS):  # outlasts the WGMMAs
                 for j in cutlass.range_constexpr(32):
                     sW[(tidx - WARPGROUP) + WARPGROUP * j] = r + j
+
+
+    def _promote(self, acc, partial, scale):
+        """acc += partial x a block scale, as the kernel's promotion: it also keeps every
+        block's WGMMAs live (each overwrites its partial; ptxas drops an unread one)."""
+        for i in range(cute.size(acc)):
+            acc[i] = acc[i] + partial[i] * Float32(scale)
 
 
 def variants(tokens_list=(16, 32)):
