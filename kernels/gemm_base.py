@@ -81,13 +81,14 @@ class GemmConfig:
     # order is faster depends on the shape (H200: V4-Flash M = 24 -0.19 us, M = 32-64 and
     # V4-Pro +0.1-0.7 us on the 32-token head pair): the tuner decides.
     scales_before_pdl_wait: bool = False
-    # sm_90a swapped A/B, fused quantizer, pipelined promotion, tiles up to 32 tokens: each K
-    # block's weight tile is loaded into registers by ldmatrix and the WGMMAs take it as a
-    # register A operand (RS), reading only the tokens from shared memory; the ring stage is
-    # released as soon as it is in registers. The 28th session's traces put a block at ~275
-    # cycles with A read by the WGMMAs from shared memory (NOTES version 113); whether RS is
-    # faster is for tuning/wgmma_pace.py and the tuner to say.
-    weight_in_registers: bool = False
+    # sm_90a swapped A/B: each K block's WGMMA descriptors made from its stages' addresses
+    # marked warp-uniform, beside its WGMMAs, so that ptxas forms them in uniform registers.
+    # Made once before the tile loop (False), they are kept in vector registers in some
+    # tactics (TP8's 16-token tile: ~4 R2UR moves a WGMMA), and the WGMMAs' issue, not their
+    # execution, set the K block's pace (NOTES version 115: 0.154 -> 0.118 us a block there).
+    # But V4's pairs of heads (cluster_n=2) measured 0.4-0.7 us slower with it, for a reason
+    # not found (their K loop's trace is unchanged): the tuner decides.
+    uniform_descriptors: bool = False
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
@@ -149,7 +150,7 @@ class FusedIndexerQGemmBase:
     act_quant_lane_choices: tuple = (16,)  # GemmConfig.act_quant_lanes it implements
     qr_staging_max_tile: int = 0  # its fused quantizer stages qr by TMA up to this tile_m (GemmConfig.stage_qr)
     orders_scales_before_pdl_wait: bool = False  # implements GemmConfig.scales_before_pdl_wait
-    weight_in_registers_max_tile: int = 0  # GemmConfig.weight_in_registers up to this tile_m
+    makes_uniform_descriptors: bool = False  # implements GemmConfig.uniform_descriptors
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -188,10 +189,8 @@ class FusedIndexerQGemmBase:
         if config.scales_before_pdl_wait and not (cls.orders_scales_before_pdl_wait and config.pipelined_promotion
                                                   and config.pdl):
             out.append("scales_before_pdl_wait needs the sm_90a swap_ab kernel with pipelined_promotion and pdl")
-        if config.weight_in_registers and not (config.pipelined_promotion and config.fused_act_quant
-                                               and config.tile_m <= cls.weight_in_registers_max_tile):
-            out.append("weight_in_registers needs the sm_90a swap_ab kernel with pipelined_promotion, "
-                       f"fused_act_quant and tile_m <= {max(cls.weight_in_registers_max_tile, 32)}")
+        if config.uniform_descriptors and not cls.makes_uniform_descriptors:
+            out.append("uniform_descriptors needs the sm_90a swap_ab kernel")
         if config.trace and (config.epilogue or config.arch != "sm_90a"
                              or (config.kind == "native" and config.pipelined_promotion)):
             out.append("trace needs an sm_90a probe (epilogue=False: it writes into the q output), native "

@@ -62,7 +62,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
     act_quant_lane_choices = ACT_QUANT_LANE_CHOICES
     qr_staging_max_tile = QR_TMA_MAX_TILE
     orders_scales_before_pdl_wait = True
-    weight_in_registers_max_tile = TWO_PARTIALS_MAX_TILE  # a register A per partial
+    makes_uniform_descriptors = True
 
     def __init__(self, config: GemmConfig):
         super().__init__(config)
@@ -148,12 +148,9 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         self.k_blocks = k_tiles // self.split_k  # per rank (the split is even)
         kmajor = utils.LayoutEnum.ROW_MAJOR
         # A = the weight (a head's 128 rows as two m64 blocks), B = the token tile.
-        a_source = cute.nvgpu.warpgroup.OperandSource.SMEM
-        if cutlass.const_expr(self.config.weight_in_registers):
-            a_source = cute.nvgpu.warpgroup.OperandSource.RMEM  # loaded by ldmatrix a block at a time
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             fp8, fp8, kmajor.sm90_mma_major_mode(), kmajor.sm90_mma_major_mode(), Float32, (1, 1, 1),
-            tiler_mn=(ROWS_PER_CONSUMER, t), a_source=a_source,
+            tiler_mn=(ROWS_PER_CONSUMER, t),
         )
         atom = cute.nvgpu.warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(kmajor, fp8, bk), fp8)
         stages = self.stages_that_fit(self.config, k)
@@ -295,6 +292,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                                                     stride=(t * WORDS_PER_ROW, WORDS_PER_ROW, 1)))
         sW = storage.sA.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        self._swizzles = (w_smem_staged.inner, b_smem.inner)
         k_begin = cta_rank * self.k_blocks if self.split_k > 1 else 0
         reduce = (reduce_full, reduce_free, sReduce)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
@@ -452,18 +450,11 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         `share`: cluster_n > 1, (this CTA's rank among the heads, the peers' bytes barrier)."""
         t = self.tile_rows
         thr_mma = tiled_mma.get_slice(ctidx)
-        w_loader = None
-        if cutlass.const_expr(self.config.weight_in_registers):
-            # a register A per partial (two blocks in flight), filled from the ring by ldmatrix
-            tCsW = thr_mma.partition_A(sW)
-            tCrA = (tiled_mma.make_fragment_A(tCsW[None, None, None, 0]),
-                    tiled_mma.make_fragment_A(tCsW[None, None, None, 0]))
-            ldsm = cute.make_tiled_copy_A(
-                cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(False, 4), sW.element_type), tiled_mma)
-            w_loader = (ldsm, ldsm.get_slice(ctidx), sW)
-        else:
-            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sW))
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sW))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        # GemmConfig.uniform_descriptors: each block's fragments made from its stages'
+        # warp-uniform addresses (Sm90SwapABKLoops._block_operands); else the ones above
+        operands = (thr_mma, sW, sB) + self._swizzles if self.config.uniform_descriptors else None
         acc_shape = thr_mma.partition_shape_C((epi.HEAD_DIM, t))
         acc = cute.make_rmem_tensor(acc_shape, Float32)
         partial = cute.make_rmem_tensor(acc_shape, Float32)
@@ -530,15 +521,15 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             if cutlass.const_expr(pipelined and t > TWO_PARTIALS_MAX_TILE):
                 read_state, tiled_mma = self._k_loop_halves(
                     ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, w_scales, sActScale,
-                    a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done)
+                    a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done, operands)
             elif cutlass.const_expr(pipelined):
                 read_state, tiled_mma = self._k_loop_pipelined(
                     ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, (partial, partial2), w_scales, sActScale,
-                    a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done, w_loader)
+                    a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done, operands)
             else:
                 read_state, tiled_mma = self._k_loop_plain(
                     ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, w_scale, sActScale, a_scale,
-                    head, row0, m, tokens, k_begin, trace, ctidx, tiles_done)
+                    head, row0, m, tokens, k_begin, trace, ctidx, tiles_done, operands)
             if tiles_done == 0:
                 self._stamp(trace, 10, ctidx)
             if cutlass.const_expr(role == "send"):

@@ -71,6 +71,16 @@ def opaque_stage(state):
     return pipeline.PipelineState(state.stages, state.count, opaque_i32(state.index), opaque_i32(state.phase))
 
 
+def uniform_view(t, swizzle):
+    """`t` (a shared-memory tensor whose pointer carries `swizzle`) through an address
+    marked warp-uniform: WGMMA descriptors made from it right before their WGMMAs stay in
+    ptxas's uniform datapath, instead of being kept in vector registers across the tile
+    loop and moved (R2UR) before each WGMMA."""
+    addr = cute.arch.make_warp_uniform(t.iterator.toint())
+    return cute.make_tensor(cute.make_ptr(t.element_type, addr, cute.AddressSpace.smem, assumed_align=1024,
+                                          swizzle_=swizzle), t.layout)
+
+
 def landed_state(producer_state, behind: int):
     """The consumer-side state (index, phase) of the block the producer issued `behind`
     issues before `producer_state`: waiting on it with consumer_wait returns once that

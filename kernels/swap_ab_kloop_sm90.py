@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from . import epilogue as epi
-from .sm90_parts import ACCUMULATE, issue_wgmmas, swizzled_word
+from .sm90_parts import ACCUMULATE, issue_wgmmas, swizzled_word, uniform_view
 
 # pipelined_promotion: up to this tile two partials (block kb promoted under block kb+1's
 # WGMMAs); at 64 tokens two partials and the accumulator would take 192 registers, so there
@@ -32,7 +32,7 @@ class Sm90SwapABKLoops:
 
     @cute.jit
     def _k_loop_plain(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, w_scale, sActScale,
-                      a_scale, head, row0, m, tokens, k_begin, trace, ctidx, tiles_done):
+                      a_scale, head, row0, m, tokens, k_begin, trace, ctidx, tiles_done, operands):
         """One partial: a block's WGMMAs, their wait, then its promotion, in series."""
         t = self.tile_rows
         mma_per_stage = cute.size(tCrA, mode=[2])
@@ -59,8 +59,8 @@ class Sm90SwapABKLoops:
             ab_pipeline.consumer_wait(read_state)
             if tiles_done == 0 and kb < 6:
                 self._stamp(trace, 4 + kb, ctidx)
-            tiled_mma = issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(mma_per_stage), read_state.index,
-                                     stage_b=kb if self.fused else None)
+            a, b, stage, stage_b = self._block_operands(operands, tiled_mma, tCrA, tCrB, read_state.index, kb)
+            tiled_mma = issue_wgmmas(tiled_mma, partial, a, b, range(mma_per_stage), stage, stage_b)
             cute.nvgpu.warpgroup.wait_group(0)
             ab_pipeline.consumer_release(read_state)
             self._promote(acc, partial, scales)
@@ -69,22 +69,17 @@ class Sm90SwapABKLoops:
 
     @cute.jit
     def _k_loop_pipelined(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partials, w_scales,
-                          sActScale, a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done, w_loader=None):
+                          sActScale, a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done, operands):
         """The tile's K blocks with block kb's promotion under block kb+1's WGMMAs: the
         blocks alternate between the two partials, a block's scales are read when its
         WGMMAs are issued and used once they complete. Unrolled (K is a compile-time
-        constant): no WGMMA is in flight across a loop back-edge. `w_loader`
-        (GemmConfig.weight_in_registers): tCrA is a register A per partial, each block's
-        weight loaded into it by ldmatrix before its WGMMAs, and its ring stage released
-        then (the resident tokens are the only shared-memory operand left)."""
-        in_registers = w_loader is not None
-        mma_per_stage = cute.size(tCrA[0] if in_registers else tCrA, mode=[2])
+        constant): no WGMMA is in flight across a loop back-edge."""
+        mma_per_stage = cute.size(tCrA, mode=[2])
         issue_state = read_state.clone()
         ab_pipeline.consumer_wait(issue_state)
         if tiles_done == 0:
             self._stamp(trace, 4, ctidx)
-        tiled_mma = self._issue_block(ab_pipeline, issue_state, tiled_mma, partials[0], tCrA, tCrB, 0,
-                                      mma_per_stage, w_loader)
+        tiled_mma = self._issue_block(issue_state, tiled_mma, partials[0], tCrA, tCrB, 0, mma_per_stage, operands)
         issue_state.advance()
         scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
         for kb in cutlass.range_constexpr(self.k_blocks):
@@ -94,36 +89,41 @@ class Sm90SwapABKLoops:
                 if cutlass.const_expr(kb + 1 < 6):
                     if tiles_done == 0:
                         self._stamp(trace, 5 + kb, ctidx)
-                tiled_mma = self._issue_block(ab_pipeline, issue_state, tiled_mma, partials[(kb + 1) % 2], tCrA,
-                                              tCrB, kb + 1, mma_per_stage, w_loader)
+                tiled_mma = self._issue_block(issue_state, tiled_mma, partials[(kb + 1) % 2], tCrA, tCrB, kb + 1,
+                                              mma_per_stage, operands)
                 issue_state.advance()
                 upcoming = self._block_scales(kb + 1, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
                 cute.nvgpu.warpgroup.wait_group(1)
             else:
                 cute.nvgpu.warpgroup.wait_group(0)
-            if cutlass.const_expr(not in_registers):
-                ab_pipeline.consumer_release(read_state)
+            ab_pipeline.consumer_release(read_state)
             read_state.advance()
             self._promote(acc, partials[kb % 2], scales)
             scales = upcoming
         return read_state, tiled_mma
 
-    def _issue_block(self, ab_pipeline, issue_state, tiled_mma, partial, tCrA, tCrB, kb, mma_per_stage, w_loader):
-        """Block kb's WGMMAs into `partial` (one commit group). Shared-memory A: the ring
-        stage's descriptors. Register A (w_loader): the stage into block kb's register A by
-        ldmatrix, the stage released, then the WGMMAs on the registers."""
-        if cutlass.const_expr(w_loader is None):
-            return issue_wgmmas(tiled_mma, partial, tCrA, tCrB, range(mma_per_stage), issue_state.index,
-                                stage_b=kb if self.fused else None)
-        ldsm, thr_ldsm, sW = w_loader
-        a_regs = tCrA[kb % 2]
-        cute.copy(ldsm, thr_ldsm.partition_S(sW[None, None, issue_state.index]), thr_ldsm.retile(a_regs))
-        ab_pipeline.consumer_release(issue_state)  # the weight is in registers: the stage may refill
-        return issue_wgmmas(tiled_mma, partial, a_regs, tCrB, range(mma_per_stage), None, stage_b=kb)
+    def _issue_block(self, issue_state, tiled_mma, partial, tCrA, tCrB, kb, mma_per_stage, operands):
+        """Block kb's WGMMAs into `partial` (one commit group)."""
+        a, b, stage, stage_b = self._block_operands(operands, tiled_mma, tCrA, tCrB, issue_state.index, kb)
+        return issue_wgmmas(tiled_mma, partial, a, b, range(mma_per_stage), stage, stage_b)
+
+    def _block_operands(self, operands, tiled_mma, tCrA, tCrB, stage, kb):
+        """Block kb's WGMMA operands as (A, B, A's stage, B's stage) for issue_wgmmas: the
+        fragments made before the tile loop with their stage coordinates (`operands` None),
+        or (GemmConfig.uniform_descriptors: `operands` = (thr_mma, sW, sB, W's swizzle, B's
+        swizzle)) fragments of this block's stages made here from warp-uniform addresses,
+        whose descriptors ptxas then forms in uniform registers next to the WGMMAs."""
+        stage_b = kb if self.fused else stage
+        if cutlass.const_expr(operands is None):
+            return tCrA, tCrB, stage, stage_b
+        thr_mma, sW, sB, swizzle_w, swizzle_b = operands
+        a = tiled_mma.make_fragment_A(thr_mma.partition_A(uniform_view(sW[None, None, stage], swizzle_w)))
+        b = tiled_mma.make_fragment_B(thr_mma.partition_B(uniform_view(sB[None, None, stage_b], swizzle_b)))
+        return a, b, None, None
 
     @cute.jit
     def _k_loop_halves(self, ab_pipeline, read_state, tiled_mma, tCrA, tCrB, acc, partial, w_scales, sActScale,
-                       a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done):
+                       a_scale, row0, m, tokens, k_begin, trace, ctidx, tiles_done, operands):
         """64-token tiles: each K block's two m64 halves (the head's dims 0-63 and 64-127)
         are separate commit groups on one partial; half 0 of block kb is promoted under
         half 1's WGMMAs, half 1 under block kb+1's half 0. No second partial (no registers
@@ -133,7 +133,7 @@ class Sm90SwapABKLoops:
         if tiles_done == 0:
             self._stamp(trace, 4, ctidx)
         for mi in cutlass.range_constexpr(2):
-            tiled_mma = self._issue_half(tiled_mma, partial, tCrA, tCrB, mi, issue_state.index, 0)
+            tiled_mma = self._issue_half(tiled_mma, partial, tCrA, tCrB, operands, mi, issue_state.index, 0)
         issue_state.advance()
         scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
         for kb in cutlass.range_constexpr(self.k_blocks):
@@ -145,7 +145,7 @@ class Sm90SwapABKLoops:
                 if cutlass.const_expr(kb + 1 < 6):
                     if tiles_done == 0:
                         self._stamp(trace, 5 + kb, ctidx)
-                tiled_mma = self._issue_half(tiled_mma, partial, tCrA, tCrB, 0, issue_state.index, kb + 1)
+                tiled_mma = self._issue_half(tiled_mma, partial, tCrA, tCrB, operands, 0, issue_state.index, kb + 1)
                 upcoming = self._block_scales(kb + 1, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
                 cute.nvgpu.warpgroup.wait_group(1)  # block kb's half 1 (block kb+1's half 0 may run)
             else:
@@ -154,24 +154,24 @@ class Sm90SwapABKLoops:
             read_state.advance()
             self._promote(acc, partial, scales, half=1)
             if cutlass.const_expr(kb + 1 < self.k_blocks):
-                tiled_mma = self._issue_half(tiled_mma, partial, tCrA, tCrB, 1, issue_state.index, kb + 1)
+                tiled_mma = self._issue_half(tiled_mma, partial, tCrA, tCrB, operands, 1, issue_state.index, kb + 1)
                 issue_state.advance()
             scales = upcoming
         return read_state, tiled_mma
 
-    def _issue_half(self, tiled_mma, partial, tCrA, tCrB, mi, stage, kb):
+    def _issue_half(self, tiled_mma, partial, tCrA, tCrB, operands, mi, stage, kb):
         """One commit group: m64 half `mi` of a K block's WGMMAs into that half of `partial`
         (A and C sliced to one M block, viewed with a unit M mode for cute.gemm)."""
-        stage_b = kb if self.fused else stage
+        tCrA, tCrB, stage, stage_b = self._block_operands(operands, tiled_mma, tCrA, tCrB, stage, kb)
         tiled_mma.set(ACCUMULATE, False)
         cute.nvgpu.warpgroup.fence()
         c_half = partial[(None, mi, None)]
         c = cute.make_tensor(c_half.iterator, cute.make_layout(
             (c_half.shape[0], 1, 1), stride=(c_half.stride[0], 0, 0)))
         for ks in range(cute.size(tCrA, mode=[2])):
-            a_slot = tCrA[(None, mi, ks, stage)]
+            a_slot = tCrA[(None, mi, ks)] if stage is None else tCrA[(None, mi, ks, stage)]
             a = cute.make_tensor(a_slot.iterator, cute.make_layout((a_slot.shape[0], 1), stride=(a_slot.stride[0], 0)))
-            cute.gemm(tiled_mma, c, a, tCrB[(None, None, ks, stage_b)], c)
+            cute.gemm(tiled_mma, c, a, tCrB[(None, None, ks)] if stage_b is None else tCrB[(None, None, ks, stage_b)], c)
             tiled_mma.set(ACCUMULATE, True)
         cute.nvgpu.warpgroup.commit_group()
         return tiled_mma

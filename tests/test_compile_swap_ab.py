@@ -9,7 +9,7 @@ import pytest
 
 from indexer_q import jit
 from indexer_q.kernels.gemm_base import GemmConfig
-from test_compile import _resources
+from test_compile import _resources, _sass
 
 
 def _ptx(ck) -> str:
@@ -76,15 +76,43 @@ SM90_CASES = [
          tensor_core_hadamard=True, act_quant_lanes=4, scales_before_pdl_wait=True),
     dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True,
          act_quant_lanes=4, scales_before_pdl_wait=True),
-    # the weight as a register A operand (ldmatrix a block): 16-token weight pairs, the 32-token
-    # head pair, 8 tokens split in 4
-    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_m=2,
-         tensor_core_hadamard=True, act_quant_lanes=4, weight_in_registers=True),
-    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2,
-         tensor_core_hadamard=True, act_quant_lanes=4, weight_in_registers=True),
+    # each block's descriptors made from warp-uniform addresses: TP8's 16-token tile (whose
+    # hoisted descriptors the case below moves), 8 tokens split in 4, 64 tokens in two commit
+    # groups a block, the plain loop, the separate quantizer (B from the ring)
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True,
+         tensor_core_hadamard=True, act_quant_lanes=4, uniform_descriptors=True),
+    dict(tile_m=16, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True,
+         tensor_core_hadamard=True, act_quant_lanes=4),
     dict(tile_m=8, fused_act_quant=True, split_k=4, epilogue_warpgroups=2, pipelined_promotion=True,
-         weight_in_registers=True),
+         uniform_descriptors=True),
+    dict(tile_m=64, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, pipelined_promotion=True,
+         uniform_descriptors=True),
+    dict(tile_m=16, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, uniform_descriptors=True),
+    dict(tile_m=32, fused_act_quant=False, split_k=1, pipelined_promotion=True, uniform_descriptors=True),
 ]
+
+
+def _descriptor_moves(sass: str) -> int:
+    """R2UR instructions (vector to uniform register) whose uniform register is part of the
+    descriptor pair (gdesc[URn]: URn to URn+3) of one of the next two WGMMAs (QGMMA) within
+    48 instructions: the moves, a block at a time, of descriptors kept in vector registers."""
+    lines = sass.splitlines()
+    moves = 0
+    for i, line in enumerate(lines):
+        move = re.search(r"R2UR UR(\d+),", line)
+        if not move:
+            continue
+        reg, seen = int(move.group(1)), 0
+        for later in lines[i + 1:i + 49]:
+            desc = re.search(r"QGMMA\S* \S+, gdesc\[UR(\d+)\]", later)
+            if desc:
+                if int(desc.group(1)) <= reg <= int(desc.group(1)) + 3:
+                    moves += 1
+                    break
+                seen += 1
+                if seen == 2:
+                    break
+    return moves
 
 
 @pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
@@ -136,12 +164,16 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
         # over 4 (xor 1, 2); nothing else in the kernel shuffles across 8 lanes
         wide = re.search(r"shfl\.sync\.bfly\.b32 %r\d+, %r\d+, 8, ", flat)
         assert bool(wide) == (cfg.act_quant_lanes == 16)
-    # weight_in_registers: every WGMMA takes a register A, 8 ldmatrix.x4 a block (16 KB over
-    # the warpgroup); otherwise a shared-memory descriptor and no ldmatrix
-    register_a = len(re.findall(wgmma.replace(".", r"\.") + r" \{[^}]*\}, \{", ptx))
-    assert register_a == (ptx.count(wgmma) if cfg.weight_in_registers else 0)
-    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") == (8 * blocks * roles if cfg.weight_in_registers
-                                                                     else 0)
+    # uniform_descriptors: each block's descriptors formed in the uniform datapath beside its
+    # WGMMAs, no move from vector registers (the hoisted ones of TP8's 16-token tile: more
+    # than two a WGMMA; NOTES version 115)
+    sass = _sass(ck)
+    assert sass.count("QGMMA.64x%dx32.F32.E4M3.E4M3" % cfg.tile_m) == ptx.count(wgmma)
+    moves = _descriptor_moves(sass)
+    if cfg.uniform_descriptors:
+        assert moves == 0, moves
+    elif case == SM90_CASES[-5]:
+        assert moves > 2 * ptx.count(wgmma), moves
     assert _spills(ck) == 0
 
 
@@ -237,15 +269,10 @@ def test_swap_ab_limits():
     assert "scales_before_pdl_wait" in " ".join(S90.config_problems(GemmConfig(tile_m=32, pdl=False, **early)))
     assert not S90N.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, scales_before_pdl_wait=True),
                                   8192, 1024)
-    # the weight as a register A: pipelined, fused, a second partial (tiles up to 32)
-    rs = dict(fused_act_quant=True, pipelined_promotion=True, weight_in_registers=True, **sw)
-    assert S90.can_implement(GemmConfig(tile_m=32, **rs), 8192, 1536)
-    assert not S90.can_implement(GemmConfig(tile_m=64, **rs), 8192, 1536)
-    assert not S90.can_implement(GemmConfig(tile_m=16, **(rs | {"fused_act_quant": False})), 8192, 1024)
-    assert not S90.can_implement(GemmConfig(tile_m=16, **(rs | {"pipelined_promotion": False})), 8192, 1536)
-    assert "weight_in_registers" in " ".join(S90.config_problems(GemmConfig(tile_m=64, **rs)))
-    assert not S90N.can_implement(GemmConfig(tile_m=64, pipelined_promotion=True, fused_act_quant=True,
-                                             weight_in_registers=True), 8192, 1536)
+    # warp-uniform descriptors: the sm_90a swapped kernel only
+    assert S90.can_implement(GemmConfig(tile_m=64, uniform_descriptors=True, **sw), 8192, 1536)
+    assert not S90N.can_implement(GemmConfig(tile_m=64, uniform_descriptors=True), 8192, 1536)
+    assert "uniform_descriptors" in " ".join(S90N.config_problems(GemmConfig(tile_m=64, uniform_descriptors=True)))
     # the phase-clock trace is a swap_ab probe's (it writes into the q output)
     assert S90.can_implement(GemmConfig(tile_m=16, epilogue=False, trace=True, **sw), 8192, 1536)
     assert not S90.can_implement(GemmConfig(tile_m=16, trace=True, **sw), 8192, 1536)
@@ -258,8 +285,7 @@ def test_swap_ab_limits():
     assert not S100.can_implement(GemmConfig(tile_m=128, stage_qr=False, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=128, pipelined_promotion=True, scales_before_pdl_wait=True,
                                              **s100), 8192, 1536)
-    assert not S100.can_implement(GemmConfig(tile_m=128, pipelined_promotion=True, weight_in_registers=True,
-                                             **s100), 8192, 1536)
+    assert not S100.can_implement(GemmConfig(tile_m=128, uniform_descriptors=True, **s100), 8192, 1536)
 
 
 def test_sm90_scales_before_pdl_wait_moves_only_the_wait(tmp_path):

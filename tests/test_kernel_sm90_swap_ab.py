@@ -291,27 +291,30 @@ def test_swap_ab_scales_before_pdl_wait_equal_after(m, n, k, tactic, big_cos_sin
     _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, scales_before_pdl_wait=False), big_cos_sin)
 
 
-# The weight as a register A operand (ldmatrix a block) against the WGMMAs reading it from
-# shared memory: the same products in the same order, so the same bytes. TP8's 16-token tile
-# (the table's at M = 128: 8 token tiles a head), the 32-token head pair at M = 24 (a tile part
-# past M) and M = 200 (later tiles), 16-token weight pairs (the stage released to both CTAs),
-# 8 tokens split in 2 (a reduce-scatter), qr loaded by the quantizers.
-REGISTER_A_CASES = [
+# Each block's WGMMA descriptors made from warp-uniform stage addresses against the ones made
+# before the tile loop (the default): the same operands, so the same bytes. The three K
+# loops: pipelined (TP8's 16-token tile at M = 128, 8 tiles a head; the 32-token head pair at
+# M = 24, a tile part past M, and M = 200, later tiles; 16-token weight pairs; 8 tokens split
+# in 2, a reduce-scatter; qr loaded by the quantizers), the 64-token halves (split in 2) and
+# the plain one; and the separate quantizer (B from the ring, its stage the weight's).
+UNIFORM_CASES = [
     (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_m=w, cluster_n=c, epilogue_warpgroups=2,
-                     fused_act_quant=True, pipelined_promotion=True, act_quant_lanes=4,
-                     tensor_core_hadamard=True, stage_qr=q, weight_in_registers=True))
-    for m, n, k, t, s, w, c, q in (
-        (128, 1024, 1536, 16, 1, 1, 1, True), (24, 8192, 1024, 32, 1, 1, 2, True),
-        (200, 8192, 1024, 32, 1, 1, 2, True), (32, 8192, 1536, 16, 1, 2, 1, True),
-        (13, 1024, 1536, 8, 2, 1, 1, True), (32, 8192, 1536, 16, 1, 1, 2, False))
+                     fused_act_quant=f, pipelined_promotion=p, act_quant_lanes=4 if f else 16,
+                     tensor_core_hadamard=True, stage_qr=q, uniform_descriptors=True))
+    for m, n, k, t, s, w, c, q, f, p in (
+        (128, 1024, 1536, 16, 1, 1, 1, True, True, True), (24, 8192, 1024, 32, 1, 1, 2, True, True, True),
+        (200, 8192, 1024, 32, 1, 1, 2, True, True, True), (32, 8192, 1536, 16, 1, 2, 1, True, True, True),
+        (13, 1024, 1536, 8, 2, 1, 1, True, True, True), (32, 8192, 1536, 16, 1, 1, 2, False, True, True),
+        (130, 8192, 1024, 64, 2, 1, 1, True, True, True), (17, 1024, 1536, 16, 1, 1, 1, True, True, False),
+        (65, 1024, 1024, 32, 1, 1, 1, True, False, True))
 ]
 
 
-@pytest.mark.parametrize("m,n,k,tactic", REGISTER_A_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
-def test_swap_ab_weight_in_registers_equals_shared(m, n, k, tactic, big_cos_sin):
-    """Where the WGMMA reads the weight from changes no byte."""
+@pytest.mark.parametrize("m,n,k,tactic", UNIFORM_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_uniform_descriptors_equal_hoisted(m, n, k, tactic, big_cos_sin):
+    """Where the WGMMA descriptors are formed changes no byte."""
     _needs_sm90()
-    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, weight_in_registers=False), big_cos_sin)
+    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, uniform_descriptors=False), big_cos_sin)
 
 
 # Reduce-scatter (a split dividing the tile's groups of 8 tokens) against the gathering

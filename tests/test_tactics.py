@@ -115,21 +115,19 @@ def test_scales_before_pdl_wait_candidates_are_4_lane_fused_tiles_of_32_or_more(
             assert not heuristic("sm_90a", m, n, k).scales_before_pdl_wait
 
 
-def test_weight_in_registers_candidates_are_twins_of_the_tables_family():
-    """The weight as a register A operand is offered as twins of the fused, pipelined,
-    4-lane, tensor-core-Hadamard tiles up to 32 tokens; never by the heuristic."""
-    for n, k in ((8192, 1536), (8192, 1024), (1024, 1536)):
+def test_uniform_descriptors_are_twins_of_fused_pipelined_tiles_at_few_heads():
+    """Warp-uniform WGMMA descriptors are offered as twins of the fused, pipelined swapped
+    tiles up to 32 tokens at TP8's few heads (where they won), not at V4's 64 (where its head
+    pairs lost); never by the heuristic."""
+    for n, k in ((8192, 1536), (8192, 1024), (1024, 1536), (1024, 1024)):
         for m in (1, 16, 24, 64, 256):
             tactics = valid_tactics("sm_90a", m, n, k)
-            rs = [t for t in tactics if t.weight_in_registers]
-            assert all(t.tile_m <= 32 and t.fused_act_quant and t.act_quant_lanes == 4 and t.pipelined_promotion
-                       and t.tensor_core_hadamard and not t.scales_before_pdl_wait for t in rs)
-            assert all(dataclasses.replace(t, weight_in_registers=False) in tactics for t in rs)
-            if 16 <= m <= 64:  # where the swapped family is offered at every shape
-                assert rs, (n, m)
-            if m == 1:  # 8-token tiles at 16 lanes only
-                assert not rs
-            assert not heuristic("sm_90a", m, n, k).weight_in_registers
+            uniform = [t for t in tactics if t.uniform_descriptors]
+            assert all(t.kind == "swap_ab" and t.fused_act_quant and t.pipelined_promotion and t.tile_m <= 32
+                       for t in uniform)
+            assert all(dataclasses.replace(t, uniform_descriptors=False) in tactics for t in uniform)
+            assert bool(uniform) == (n == 1024), (n, m)
+            assert not heuristic("sm_90a", m, n, k).uniform_descriptors
 
 
 def test_valid_tactics_come_from_can_implement():

@@ -173,7 +173,7 @@ def test_timing_keys_are_tactic_specs_and_older_dict_keys_still_read(tmp_path):
     then = Tactic().as_dict() | {"pdl": False, "retired_knob": 0}
     assert tune.tactic_of_key("kind=native,tile_m=64", then) == Tactic(tile_m=64, pdl=False)
     # a field added since (stage_qr) reads at its default in a table that did not record it
-    for added, default in (("stage_qr", True), ("scales_before_pdl_wait", False), ("weight_in_registers", False)):
+    for added, default in (("stage_qr", True), ("scales_before_pdl_wait", False), ("uniform_descriptors", False)):
         before = {name: v for name, v in Tactic().as_dict().items() if name != added}
         assert getattr(tune.tactic_of_key("kind=swap_ab,tile_m=16,fused_act_quant=True", before), added) == default
         assert getattr(Tactic.from_dict(before), added) == default

@@ -2,8 +2,9 @@
 # After a kernel change, in one device call (~6 minutes on an H200): re-tune the four
 # (model, TP) tables, merge them into the packaged table, then bench decode and small M on
 # them. From the repository root:
-#   [BENCH_MS="1024 4096 16384"] [M_MAX=512] bash tuning/retune_bench.sh OUT [COMMIT]
-# (M_MAX: re-tune only the buckets up to it, keeping the committed tables' entries above)
+#   [BENCH_MS="1024 4096 16384"] [M_MAX=512] [TABLES="v4-pro:8 v4-flash:8"] bash tuning/retune_bench.sh OUT [COMMIT]
+# (M_MAX: re-tune only the buckets up to it, keeping the committed tables' entries above;
+# TABLES: re-tune only these (model:tp), the others kept as committed)
 # Bring back OUT/tables.tgz (its t/*.json go to tuning/tables/ and src/indexer_q/tables/, with
 # the tuner's logs) and OUT/b/bench.*: the device tool returns at most 8 files a call, and
 # the tables and logs alone are 9 (the eleventh session lost v4-pro tp8's file that way).
@@ -11,8 +12,8 @@ set -uo pipefail
 out=$1; commit=${2:-unknown}; mkdir -p "$out/t" "$out/b"
 export INDEXER_Q_CACHE_DIR=/tmp/iq_cache
 t0=$SECONDS
-for mt in "v4-pro 1" "v4-flash 1" "v4-pro 8" "v4-flash 8"; do
-  set -- $mt
+for mt in ${TABLES:-v4-pro:1 v4-flash:1 v4-pro:8 v4-flash:8}; do
+  set -- ${mt/:/ }
   if [ -n "${M_MAX:-}" ]; then cp "tuning/tables/NVIDIA_H200_$1_tp$2.json" "$out/t/"; fi
   python3 -m tuning.tune --model $1 --tp $2 --out "$out/t/NVIDIA_H200_$1_tp$2.json" ${M_MAX:+--m-max $M_MAX} \
     > "$out/t/$1_tp$2.log" 2>&1

@@ -48,8 +48,8 @@ class Tactic:
     stage_qr: bool = True
     # sm_90a swap_ab, pipelined: the first tile's weight scales loaded before the PDL wait (see GemmConfig)
     scales_before_pdl_wait: bool = False
-    # sm_90a swap_ab, fused, pipelined, tiles up to 32: the weight as a register A operand (see GemmConfig)
-    weight_in_registers: bool = False
+    # sm_90a swap_ab: each K block's WGMMA descriptors made from warp-uniform addresses (see GemmConfig)
+    uniform_descriptors: bool = False
     # False: a profiling probe that runs the mainloop only and writes nothing (it
     # measures the epilogue's cost); never among valid_tactics.
     epilogue: bool = True
@@ -70,7 +70,7 @@ class Tactic:
                 fail(f"tactic.{name}", "an int", repr(value))
         for name in ("raster_along_m", "epilogue", "pipelined_promotion", "pdl",
                      "tensor_core_hadamard", "fused_act_quant", "stage_qr", "scales_before_pdl_wait",
-                     "weight_in_registers", "separate_epilogue"):
+                     "uniform_descriptors", "separate_epilogue"):
             if type(getattr(self, name)) is not bool:
                 fail(f"tactic.{name}", "a bool", repr(getattr(self, name)))
         for name, low in (("tile_m", 1), ("stages", 0), ("cluster_m", 1), ("cluster_n", 1), ("swizzle", 1),
@@ -354,13 +354,13 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # us, but M = 32-64 +0.15-0.30 and V4-Pro M = 24-96 +0.11-0.72.
         swapped += [dataclasses.replace(t, scales_before_pdl_wait=True) for t in swapped
                     if t.fused_act_quant and t.tile_m >= 32 and t.act_quant_lanes == 4]
-        # The weight as a register A operand (see GemmConfig): the 28th session's traces put
-        # the swapped K block at ~275 cycles whatever the token tile, with the weight read by
-        # the WGMMAs from shared memory. Twins of the tables' family (fused, pipelined, 4-lane
-        # quantizer, tensor-core Hadamard) up to 32 tokens; not yet timed on a GPU.
-        swapped += [dataclasses.replace(t, weight_in_registers=True) for t in swapped
-                    if t.fused_act_quant and t.pipelined_promotion and t.tile_m <= 32 and t.act_quant_lanes == 4
-                    and t.tensor_core_hadamard and not t.scales_before_pdl_wait]
+        # Each block's WGMMA descriptors made from warp-uniform addresses (see GemmConfig): on
+        # the H200 (29th session, A/B on the tables' tactics) 0.1-0.2 us faster at TP8 M = 32-128
+        # (the 16-token tile's K block 0.154 -> 0.118 us), 0.4-0.7 slower on V4's pairs of heads.
+        # Twins of the fused, pipelined tiles up to 32 tokens at few heads.
+        if not _many_heads(n // 128, sms):
+            swapped += [dataclasses.replace(t, uniform_descriptors=True) for t in swapped
+                        if t.fused_act_quant and t.pipelined_promotion and t.tile_m <= 32]
         cands += swapped
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
