@@ -59,8 +59,7 @@ class Sm90SwapABKLoops:
             ab_pipeline.consumer_wait(read_state)
             if tiles_done == 0 and kb < 6:
                 self._stamp(trace, 4 + kb, ctidx)
-            a, b, stage, stage_b = self._block_operands(operands, tiled_mma, tCrA, tCrB, read_state.index, kb)
-            tiled_mma = issue_wgmmas(tiled_mma, partial, a, b, range(mma_per_stage), stage, stage_b)
+            tiled_mma = self._issue_block(read_state, tiled_mma, partial, tCrA, tCrB, kb, mma_per_stage, operands)
             cute.nvgpu.warpgroup.wait_group(0)
             ab_pipeline.consumer_release(read_state)
             self._promote(acc, partial, scales)
