@@ -86,8 +86,11 @@ class GemmConfig:
     # Made once before the tile loop (False), they are kept in vector registers in some
     # tactics (TP8's 16-token tile: ~4 R2UR moves a WGMMA), and the WGMMAs' issue, not their
     # execution, set the K block's pace (NOTES version 115: 0.154 -> 0.118 us a block there).
-    # But V4's pairs of heads (cluster_n=2) measured 0.4-0.7 us slower with it, for a reason
-    # not found (their K loop's trace is unchanged): the tuner decides.
+    # With it ptxas also kept the pipelined loops' weight scales in uniform registers, moved
+    # there right after their loads, so the consumer waited for them before quantizing (V4's
+    # pairs of heads: 0.4-0.7 us slower); so the scales are spread over the lanes and read
+    # back by a shuffle (NOTES version 116). Which is faster depends on the tactic: the tuner
+    # decides.
     uniform_descriptors: bool = False
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the

@@ -51,7 +51,9 @@ LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles
 # trace (probe only): TRACE_SLOTS int64 a CTA in the q output. Consumer: 0 globaltimer at its
 # start, 1 clock64 at its start, 2 after the PDL wait, 3 first tile quantized, 4..9 first
 # tile's K blocks 0..5 in shared memory, 10 K loop done, 11 K split reduced, 12 tile
-# handed to the epilogue, 13 globaltimer then; producer: 14 its start, 15 every load issued
+# handed to the epilogue, 13 globaltimer then; producer: 14 its start, 15 every load issued;
+# consumer again: 16 first tile's qr in shared memory (staged) or its quantizer's start, 17 its
+# own units quantized (with cluster_n > 1, slot 3 then also waits for the peers' bytes)
 
 
 class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90EpilogueRoles,
@@ -497,7 +499,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             pipelined = self.config.pipelined_promotion
             # pipelined: the weight's block scales of the whole tile, loaded before the
             # quantizer so that their latency hides under it
-            w_scales = [w_scale[head, k_begin + kb] for kb in range(self.k_blocks)] if pipelined else []
+            w_scales = self._weight_scales(w_scale, head, k_begin) if pipelined else []
             if cutlass.const_expr(scales_first):
                 if tiles_done == 0:
                     # GemmConfig.scales_before_pdl_wait: the weight's scales are not the previous
@@ -509,7 +511,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                 if m_tile != quantized:
                     if tiles_done == 0:
                         self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1 + self.epi_wgs,
-                                            staging, tiles_quantized, share=share)
+                                            staging, tiles_quantized, share=share, trace=trace)
                     else:
                         self._quantize_tile(act, sB_ptr, sActScale, row0, m, k_begin, ctidx, 1, staging,
                                             tiles_quantized)

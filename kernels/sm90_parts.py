@@ -31,7 +31,7 @@ BAR_LAST_TILE_HANDED = 2  # the consumers' bf16 rows of the CTA's last tile are 
 ACCUMULATE = cute.nvgpu.warpgroup.Field.ACCUMULATE
 # trace probes (GemmConfig.trace): int64 clock stamps a CTA in the unused q output; each
 # kernel's slots are listed beside it (gemm_sm90.py, gemm_sm90_swap_ab.py)
-TRACE_SLOTS = 16
+TRACE_SLOTS = 18
 
 
 def issue_wgmmas(tiled_mma, acc, tCrA, tCrB, k_slices, stage=None, stage_b=None):

@@ -175,11 +175,29 @@ class Sm90SwapABKLoops:
         cute.nvgpu.warpgroup.commit_group()
         return tiled_mma
 
+    def _weight_scales(self, w_scale, head, k_begin):
+        """The pipelined loops' weight block scales of the tile, loaded before the quantizer
+        so that their latency hides under it: a register a block, or (uniform_descriptors) a
+        register a 32 blocks, lane l holding block l (+ 32 j), read back by a shuffle
+        (_block_scales). With the uniform descriptors ptxas moved the twelve per-block
+        values into uniform registers right after their loads, so every consumer thread
+        waited for them before quantizing (SASS: R2UR after the LDGs; ncu of V4-Flash M = 32:
+        the K loop's long-scoreboard stalls doubled; 30th session)."""
+        if cutlass.const_expr(not self.config.uniform_descriptors):
+            return [w_scale[head, k_begin + kb] for kb in range(self.k_blocks)]
+        lane = cute.arch.lane_idx()
+        return [w_scale[head, k_begin + cutlass.min(lane + 32 * j, self.k_blocks - 1)]
+                for j in range((self.k_blocks + 31) // 32)]
+
     def _block_scales(self, kb, w_scales, sActScale, a_scale, row0, m, tokens, k_begin):
         """Block kb's scale per token column of this thread (weight x activation)."""
+        if cutlass.const_expr(self.config.uniform_descriptors):
+            w = cute.arch.shuffle_sync(w_scales[kb // 32], kb % 32)
+        else:
+            w = w_scales[kb]
         if cutlass.const_expr(self.fused):
-            return [w_scales[kb] * sActScale[kb, tok] for tok in tokens]
-        return [w_scales[kb] * a_scale[cutlass.min(row0 + tok, m - 1), k_begin + kb] for tok in tokens]
+            return [w * sActScale[kb, tok] for tok in tokens]
+        return [w * a_scale[cutlass.min(row0 + tok, m - 1), k_begin + kb] for tok in tokens]
 
     def _promote(self, acc, partial, scales, half=None):
         """acc += partial x the block's scale of each value's token column; `half`: only

@@ -122,7 +122,7 @@ class Sm90SwapABQuantizer:
 
     @cute.jit
     def _quantize_tile(self, qr, sB_ptr, sActScale, row0, m, k_begin, qtidx, helpers: cutlass.Constexpr,
-                       staging, staged, helper: cutlass.Constexpr = False, share=None):
+                       staging, staged, helper: cutlass.Constexpr = False, share=None, trace=None):
         """SPEC step 1 for the rank's K blocks of token rows row0.. by `helpers` warpgroups
         (1: the consumer; more: with the epilogue warpgroups, first tile only): each (row,
         128-K block) unit is GemmConfig.act_quant_lanes lanes' (16: a half-warp, 8 values a
@@ -165,6 +165,7 @@ class Sm90SwapABQuantizer:
             cute.arch.barrier(barrier_id=bar, number_of_threads=WARPGROUP)
         if cutlass.const_expr(staging is not None):
             cute.arch.mbarrier_wait(staging[0], staged & 1)
+        self._stamp(trace, 16, qtidx)
         # Units loaded at once: each load is a DRAM round trip, so as many as the registers
         # beside the accumulators hold (4 a unit; one batch up to T = 32 at split 2).
         regs = self.consumer_regs - 2 * t
@@ -243,6 +244,7 @@ class Sm90SwapABQuantizer:
             if cutlass.const_expr(staging is not None):
                 if qtidx == 0:  # every quantizer is past its reads: the producer may stage the next tile
                     cute.arch.mbarrier_arrive(staging[1])
+            self._stamp(trace, 17, qtidx)
             if cutlass.const_expr(share is not None):
                 # the peers' blocks are in (phase 0: only the first tile is shared); their
                 # bytes came by st.async, made visible to the WGMMAs' reads as the local ones are

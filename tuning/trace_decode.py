@@ -33,7 +33,8 @@ from tuning.bench import SHAPES, parse_fields
 
 PHASES = {  # kind: {name: trace slot} (kernels/gemm_sm90_swap_ab.py, kernels/gemm_sm90.py)
     "swap_ab": {"pdl_wait": 2, "quantized": 3, **{f"kb{i}_ready": 4 + i for i in range(6)}, "k_loop_done": 10,
-                "reduced": 11, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15},
+                "reduced": 11, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15,
+                "quantizer_start": 16, "own_units_quantized": 17},
     "native": {"pdl_wait": 2, "producer_pdl_wait": 3, **{f"kb{i}_ready": 4 + i for i in range(6)},
                "k_loop_done": 10, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15},
 }
@@ -144,7 +145,8 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_qu
     rates, spans = [], []
     for _ in range(runs):
         raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush, sms)
-        stamps = [s for s in raw.view(-1, TRACE_SLOTS)[:sms].tolist() if s[1] != 0]
+        stamps = [s for s in raw[: raw.numel() // TRACE_SLOTS * TRACE_SLOTS].view(-1, TRACE_SLOTS)[:sms].tolist()
+                  if s[1] != 0]
         if not stamps:
             raise SystemExit(f"no CTA stamped its start at {shape} M={m}: is the kernel traced?")
         ctas = len(stamps)
