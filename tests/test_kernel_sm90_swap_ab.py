@@ -306,7 +306,8 @@ UNIFORM_CASES = [
         (200, 8192, 1024, 32, 1, 1, 2, True, True, True), (32, 8192, 1536, 16, 1, 2, 1, True, True, True),
         (13, 1024, 1536, 8, 2, 1, 1, True, True, True), (32, 8192, 1536, 16, 1, 1, 2, False, True, True),
         (130, 8192, 1024, 64, 2, 1, 1, True, True, True), (17, 1024, 1536, 16, 1, 1, 1, True, True, False),
-        (65, 1024, 1024, 32, 1, 1, 1, True, False, True))
+        (65, 1024, 1024, 32, 1, 1, 1, True, False, True),
+        (128, 1024, 1536, 16, 1, 1, 2, False, True, True))  # TP8's qr-loading head pairs (30th session)
 ] + [  # the TP8 tables' 8-token tiles with four heads sharing the quantizer (16 lanes)
     (13, 1024, 1024, Tactic(kind="swap_ab", tile_m=8, cluster_n=4, epilogue_warpgroups=2, fused_act_quant=True,
                             pipelined_promotion=True, tensor_core_hadamard=True, uniform_descriptors=True))

@@ -88,15 +88,19 @@ def test_op_heuristic_takes_the_device_sm_count(monkeypatch):
     assert seen == [78, None]
 
 
-def test_loaded_qr_candidates_are_unsplit_16_token_tiles_at_many_heads():
+def test_loaded_qr_candidates_are_unsplit_16_token_tiles():
     """stage_qr=False is offered where its ring gains stages: 16-token fused tiles without a
-    K split, at V4's 64 heads (not TP8's 8); the heuristic never picks it."""
+    K split, at V4's 64 heads and (since the 30th session) TP8's 8 alike, wherever such
+    tiles are candidates; the heuristic never picks it."""
     for n in (8192, 1024):
         for m in (8, 16, 32, 64, 256):
             tactics = valid_tactics("sm_90a", m, n, 1536)
             loaded = [t for t in tactics if not t.stage_qr]
             assert all(t.tile_m == 16 and t.split_k == 1 and t.fused_act_quant for t in loaded)
-            assert bool(loaded) == (n == 8192 and 16 <= m <= 64), (n, m)
+            assert all(dataclasses.replace(t, stage_qr=True) in tactics for t in loaded)
+            sixteens = [t for t in tactics if t.tile_m == 16 and t.split_k == 1 and t.fused_act_quant
+                        and t.tensor_core_hadamard and t.pipelined_promotion]
+            assert bool(loaded) == bool(sixteens) == (16 <= m <= (64 if n == 8192 else 256)), (n, m)
             assert heuristic("sm_90a", m, n, 1536).stage_qr
 
 
@@ -115,10 +119,10 @@ def test_scales_before_pdl_wait_candidates_are_4_lane_fused_tiles_of_32_or_more(
             assert not heuristic("sm_90a", m, n, k).scales_before_pdl_wait
 
 
-def test_uniform_descriptors_are_twins_of_fused_pipelined_tiles_at_few_heads():
+def test_uniform_descriptors_are_twins_of_fused_pipelined_tiles():
     """Warp-uniform WGMMA descriptors are offered as twins of the fused, pipelined swapped
-    tiles up to 32 tokens at TP8's few heads (where they won), not at V4's 64 (where its head
-    pairs lost); never by the heuristic."""
+    tiles up to 32 tokens, at every head count (the 30th session's lane-spread weight scales
+    ended their loss on V4's head pairs); never by the heuristic."""
     for n, k in ((8192, 1536), (8192, 1024), (1024, 1536), (1024, 1024)):
         for m in (1, 16, 24, 64, 256):
             tactics = valid_tactics("sm_90a", m, n, k)
@@ -126,7 +130,9 @@ def test_uniform_descriptors_are_twins_of_fused_pipelined_tiles_at_few_heads():
             assert all(t.kind == "swap_ab" and t.fused_act_quant and t.pipelined_promotion and t.tile_m <= 32
                        for t in uniform)
             assert all(dataclasses.replace(t, uniform_descriptors=False) in tactics for t in uniform)
-            assert bool(uniform) == (n == 1024), (n, m)
+            plain = [t for t in tactics if t.kind == "swap_ab" and t.fused_act_quant and t.pipelined_promotion
+                     and t.tile_m <= 32]
+            assert len(uniform) == len(plain) // 2 and bool(uniform) == (m <= 64 or n == 1024), (n, m)
             assert not heuristic("sm_90a", m, n, k).uniform_descriptors
 
 

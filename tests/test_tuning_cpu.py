@@ -368,4 +368,4 @@ def test_trace_outputs_hold_every_ctas_stamps():
         assert q_words.shape == (m, n // 8) and q_words.dtype == torch.int32
         assert q_words.data_ptr() == buffer.data_ptr() and scale_words.shape == (m, n // 128)
         assert buffer.numel() >= max(m * n // 2, 132 * TRACE_SLOTS * 8)
-        assert _stamps(buffer).view(-1, TRACE_SLOTS).shape[0] >= 132
+        assert _stamps(buffer).shape[0] >= 132 and _stamps(buffer).shape[1] == TRACE_SLOTS

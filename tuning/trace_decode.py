@@ -69,8 +69,11 @@ def _cold_start(buffer: torch.Tensor, flush: torch.Tensor, x: dict) -> None:
 
 
 def _stamps(buffer: torch.Tensor) -> torch.Tensor:
-    """The int64 stamps the probe wrote (whole int64s of the buffer)."""
-    return buffer[: buffer.numel() // 8 * 8].view(torch.int64).clone()
+    """The stamps the probe wrote, a row of TRACE_SLOTS int64 a CTA (the buffer's whole rows)."""
+    from indexer_q.kernels.sm90_parts import TRACE_SLOTS
+
+    row = TRACE_SLOTS * 8
+    return buffer[: buffer.numel() // row * row].view(torch.int64).view(-1, TRACE_SLOTS).clone()
 
 
 class StreamTrace:
@@ -114,7 +117,6 @@ class StreamTrace:
 def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_quantizer: bool = False) -> dict:
     import indexer_q
     from indexer_q import dispatch, jit
-    from indexer_q.kernels.sm90_parts import TRACE_SLOTS
     from indexer_q.testing import make_inputs
 
     n, k = SHAPES[shape]
@@ -145,8 +147,7 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_qu
     rates, spans = [], []
     for _ in range(runs):
         raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush, sms)
-        stamps = [s for s in raw[: raw.numel() // TRACE_SLOTS * TRACE_SLOTS].view(-1, TRACE_SLOTS)[:sms].tolist()
-                  if s[1] != 0]
+        stamps = [s for s in raw[:sms].tolist() if s[1] != 0]
         if not stamps:
             raise SystemExit(f"no CTA stamped its start at {shape} M={m}: is the kernel traced?")
         ctas = len(stamps)

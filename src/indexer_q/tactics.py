@@ -341,12 +341,13 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # with them (H200, 26th session) pick them at V4-Pro M = 9-32 (16-token pairs of heads):
         # bench 5.88 -> 5.69 us at M = 16, 6.86 -> 6.70 at 24, 6.85 -> 6.54 at 32. Forced, 8-token
         # tiles lost 0.1-1 us so (their staged qr is small beside the ring); TP8's few heads are
-        # not offered them.
-        # Unsplit only: a split rank's staged ring already holds its K blocks.
-        if _many_heads(n // 128, sms):
-            swapped += [dataclasses.replace(t, stage_qr=False) for t in swapped
-                        if t.fused_act_quant and t.tile_m == 16 and t.split_k == 1 and t.tensor_core_hadamard
-                        and t.pipelined_promotion]
+        # not offered them. At few heads (TP8, 30th session) once the uniform descriptors had
+        # made the K loop ~0.12 us a block: the trace of TP8 M = 128 then had blocks 6-11 wait
+        # on the ring's refills. Unsplit only: a split rank's staged ring already holds its K
+        # blocks.
+        swapped += [dataclasses.replace(t, stage_qr=False) for t in swapped
+                    if t.fused_act_quant and t.tile_m == 16 and t.split_k == 1 and t.tensor_core_hadamard
+                    and t.pipelined_promotion]
         # The first tile's weight scales loaded before the consumer's PDL wait (see GemmConfig),
         # for the 4-lane quantizers of 32-64-token tiles, whose later qr loads waited on the
         # scales' scoreboard in the SASS (16-token tiles issue their one batch before it). On
@@ -357,10 +358,10 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # Each block's WGMMA descriptors made from warp-uniform addresses (see GemmConfig): on
         # the H200 (29th session, A/B on the tables' tactics) 0.1-0.2 us faster at TP8 M = 32-128
         # (the 16-token tile's K block 0.154 -> 0.118 us), 0.4-0.7 slower on V4's pairs of heads.
-        # Twins of the fused, pipelined tiles up to 32 tokens at few heads.
-        if not _many_heads(n // 128, sms):
-            swapped += [dataclasses.replace(t, uniform_descriptors=True) for t in swapped
-                        if t.fused_act_quant and t.pipelined_promotion and t.tile_m <= 32]
+        # Twins of the fused, pipelined tiles up to 32 tokens (at many heads too since the 30th
+        # session: the same A/B had V4-Pro M = 1 and 64 0.15-0.2 us faster; the tuner decides).
+        swapped += [dataclasses.replace(t, uniform_descriptors=True) for t in swapped
+                    if t.fused_act_quant and t.pipelined_promotion and t.tile_m <= 32]
         cands += swapped
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
