@@ -43,7 +43,8 @@ class Sm90EpilogueRoles:
         return self._m_tile(tile) * self.epi_rows
 
     @cute.jit
-    def _epilogue(self, epi_pipeline, sQ, etidx, sched_params, positions, cos_sin, out_q, out_scale, m):
+    def _epilogue(self, epi_pipeline, sQ, etidx, sched_params, positions, cos_sin, out_q, out_scale, m, trace=None):
+        """`trace` (a traced kernel's stamps, else None): the first tile taken and finished."""
         bm = self.epi_rows
         layout = self.row_layout
         num_pos = cos_sin.shape[0]
@@ -71,6 +72,8 @@ class Sm90EpilogueRoles:
         )
         work = sched.initial_work_tile_info()
         epi_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, EPI_BUFFERS)
+        if cutlass.const_expr(trace is not None):
+            first_tile = work.tile_idx  # the stamps are of the CTA's first tile
         while work.is_valid_tile:
             tile = work.tile_idx
             head = tile[1]
@@ -80,6 +83,8 @@ class Sm90EpilogueRoles:
             cs = [self._cos_sin(layout, rows[p], m, num_pos, positions, cos_sin, lane_cols)
                   for p in range(min(ahead, passes) if self.config.epilogue else 0)]
             epi_pipeline.consumer_wait(epi_state)
+            if cutlass.const_expr(trace is not None):
+                self._stamp_first_tile(trace, 18, etidx, tile, first_tile)
             # The profiling probe (epilogue=False) only takes the tile and gives the buffer back.
             if cutlass.const_expr(self.config.epilogue):
                 tile_row0 = self._epi_row0(tile)
@@ -114,10 +119,19 @@ class Sm90EpilogueRoles:
                                           lane_in_row, lane_cols, head, m, num_pos, positions, cos_sin, out_q,
                                           out_scale, warp_row0)
             epi_pipeline.consumer_release(epi_state)
+            if cutlass.const_expr(trace is not None):
+                self._stamp_first_tile(trace, 19, etidx, tile, first_tile)
             epi_state.advance()
             if cutlass.const_expr(self.helper_rows == 0):
                 sched.advance_to_next_work()
             work = sched.get_current_work()
+
+    @cute.jit
+    def _stamp_first_tile(self, trace, slot, thread, tile, first_tile):
+        """Trace only: _stamp, in the CTA's first tile."""
+        if tile[0] == first_tile[0]:
+            if tile[1] == first_tile[1]:
+                self._stamp(trace, slot, thread)
 
     @cute.jit
     def _help_last_tile(self, sQ, buf, ctidx, tile_row0, head, m, positions, cos_sin, out_q, out_scale):

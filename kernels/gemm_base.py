@@ -96,9 +96,10 @@ class GemmConfig:
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
     epilogue: bool = True
-    # Probe only (epilogue=False; sm_90a): each CTA's consumer and producer write clock
-    # stamps at phase boundaries into the unused q output (TRACE_SLOTS int64 a CTA), to
-    # see where the decode time goes. Never chosen by the tuner; no code when False.
+    # sm_90a profiling (a probe, or the swapped kernel whole): each CTA's roles write clock
+    # stamps at phase boundaries (TRACE_SLOTS int64 a CTA) into the probe's unused q output,
+    # or after the q output, to see where the decode time goes. Never chosen by the tuner;
+    # no code when False.
     trace: bool = False
 
     @property
@@ -154,6 +155,7 @@ class FusedIndexerQGemmBase:
     qr_staging_max_tile: int = 0  # its fused quantizer stages qr by TMA up to this tile_m (GemmConfig.stage_qr)
     orders_scales_before_pdl_wait: bool = False  # implements GemmConfig.scales_before_pdl_wait
     makes_uniform_descriptors: bool = False  # implements GemmConfig.uniform_descriptors
+    traces_with_epilogue: bool = False  # GemmConfig.trace also with epilogue=True (stamps after q)
 
     def __init__(self, config: GemmConfig):
         problems = self.config_problems(config)
@@ -194,10 +196,10 @@ class FusedIndexerQGemmBase:
             out.append("scales_before_pdl_wait needs the sm_90a swap_ab kernel with pipelined_promotion and pdl")
         if config.uniform_descriptors and not cls.makes_uniform_descriptors:
             out.append("uniform_descriptors needs the sm_90a swap_ab kernel")
-        if config.trace and (config.epilogue or config.arch != "sm_90a"
+        if config.trace and (config.arch != "sm_90a" or (config.epilogue and not cls.traces_with_epilogue)
                              or (config.kind == "native" and config.pipelined_promotion)):
-            out.append("trace needs an sm_90a probe (epilogue=False: it writes into the q output), native "
-                       "without pipelined_promotion (its K loop has no stamps)")
+            out.append("trace needs sm_90a, a probe (epilogue=False: it writes into the q output) but for the "
+                       "swap_ab kernel, and native without pipelined_promotion (its K loop has no stamps)")
         if config.loads_in_flight and not cls.limits_loads_in_flight:
             out.append("loads_in_flight (this kernel: its ring's depth)")
         elif config.loads_in_flight < 0 or (config.stages and config.loads_in_flight >= config.stages):

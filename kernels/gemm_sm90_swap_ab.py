@@ -53,7 +53,9 @@ LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles
 # tile's K blocks 0..5 in shared memory, 10 K loop done, 11 K split reduced, 12 tile
 # handed to the epilogue, 13 globaltimer then; producer: 14 its start, 15 every load issued;
 # consumer again: 16 first tile's qr in shared memory (staged) or its quantizer's start, 17 its
-# own units quantized (with cluster_n > 1, slot 3 then also waits for the peers' bytes)
+# own units quantized (with cluster_n > 1, slot 3 then also waits for the peers' bytes);
+# epilogue: 18 first tile taken, 19 its rows stored. Traced with the epilogue (GemmConfig.trace
+# with epilogue=True), the slots follow the q output instead of filling it.
 
 
 class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90EpilogueRoles,
@@ -65,6 +67,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
     qr_staging_max_tile = QR_TMA_MAX_TILE
     orders_scales_before_pdl_wait = True
     makes_uniform_descriptors = True
+    traces_with_epilogue = True
 
     def __init__(self, config: GemmConfig):
         super().__init__(config)
@@ -317,7 +320,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                                                sched_params, tidx - (self.epi_wg - 1) * WARPGROUP, share)
             if cta_rank == 0 or cutlass.const_expr(self.split_k == 1 or self.scatter):  # who finishes rows
                 self._epilogue(epi_pipeline, sQ, tidx - self.epi_wg * WARPGROUP, sched_params,
-                               positions, cos_sin, out_q, out_scale, act.shape[0])
+                               positions, cos_sin, out_q, out_scale, act.shape[0], trace)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             sActScale = None

@@ -31,7 +31,7 @@ BAR_LAST_TILE_HANDED = 2  # the consumers' bf16 rows of the CTA's last tile are 
 ACCUMULATE = cute.nvgpu.warpgroup.Field.ACCUMULATE
 # trace probes (GemmConfig.trace): int64 clock stamps a CTA in the unused q output; each
 # kernel's slots are listed beside it (gemm_sm90.py, gemm_sm90_swap_ab.py)
-TRACE_SLOTS = 18
+TRACE_SLOTS = 20
 
 
 def issue_wgmmas(tiled_mma, acc, tCrA, tCrB, k_slices, stage=None, stage_b=None):
@@ -281,15 +281,18 @@ class Sm90KernelBase(FusedIndexerQGemmBase):
         return min(self.config.loads_in_flight or stages, stages)
 
     def _trace_tensor(self, out_q):
-        """Trace probes only (called while a kernel is traced): this CTA's TRACE_SLOTS int64
-        slots in the q output (int32 words); None when the kernel is not traced."""
+        """Traced kernels only: this CTA's TRACE_SLOTS int64 slots, in the q output of a probe
+        (which writes no q), right after the q output otherwise (the caller's buffer holds
+        both: tuning/trace_decode.py); None when the kernel is not traced."""
         if not self.config.trace:
             return None
         bx, by, bz = cute.arch.block_idx()
         gx, gy, _ = cute.arch.grid_dim()
         cta = bx + gx * (by + gy * bz)
-        return cute.make_tensor(cute.recast_ptr(out_q.iterator + cta * (2 * TRACE_SLOTS), dtype=Int64),
-                                cute.make_layout(TRACE_SLOTS))
+        base = out_q.iterator
+        if self.config.epilogue:
+            base = base + cute.cosize(out_q.layout)
+        return cute.make_tensor(cute.recast_ptr(base, dtype=Int64) + cta * TRACE_SLOTS, cute.make_layout(TRACE_SLOTS))
 
     @cute.jit
     def _stamp(self, trace, slot, thread, global_timer: cutlass.Constexpr = False):

@@ -177,9 +177,9 @@ class Sm90SwapABKLoops:
 
     def _weight_scales(self, w_scale, head, k_begin):
         """The pipelined loops' weight block scales of the tile, loaded before the quantizer
-        so that their latency hides under it: a register a block, or (uniform_descriptors) a
-        register a 32 blocks, lane l holding block l (+ 32 j), read back by a shuffle
-        (_block_scales). With the uniform descriptors ptxas moved the twelve per-block
+        so that their latency hides under it: a register per block, or (uniform_descriptors)
+        a register per 32 blocks, lane l holding block l (+ 32 j), read back by a shuffle
+        (_block_scales). With the uniform descriptors ptxas moved the tile's 8-12 per-block
         values into uniform registers right after their loads, so every consumer thread
         waited for them before quantizing (SASS: R2UR after the LDGs; ncu of V4-Flash M = 32:
         the K loop's long-scoreboard stalls doubled; 30th session)."""

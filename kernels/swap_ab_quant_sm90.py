@@ -170,6 +170,8 @@ class Sm90SwapABQuantizer:
         # beside the accumulators hold (4 a unit; one batch up to T = 32 at split 2).
         regs = self.consumer_regs - 2 * t
         if cutlass.const_expr(self.config.pipelined_promotion):  # the weight's scales (and a second partial)
+            # (a register a block; with uniform_descriptors they take one a 32 blocks, but the
+            # budget is kept as tuned: NOTES, thirtieth session's reading (b))
             regs = regs - self.k_blocks - (t if self.two_partials else 0)
         if cutlass.const_expr(helpers > 1):
             regs = min(regs, self.epilogue_regs)

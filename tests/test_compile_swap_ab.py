@@ -91,6 +91,10 @@ SM90_CASES = [
          uniform_descriptors=True),
     dict(tile_m=16, fused_act_quant=True, split_k=2, epilogue_warpgroups=2, uniform_descriptors=True),
     dict(tile_m=32, fused_act_quant=False, split_k=1, pipelined_promotion=True, uniform_descriptors=True),
+    # V4's 32-token pair of heads, where the weight's scales were moved to uniform registers
+    # at their loads before they were spread over the lanes (NOTES version 116)
+    dict(tile_m=32, fused_act_quant=True, split_k=1, epilogue_warpgroups=2, pipelined_promotion=True, cluster_n=2,
+         tensor_core_hadamard=True, act_quant_lanes=4, uniform_descriptors=True),
 ]
 
 
@@ -115,6 +119,26 @@ def _descriptor_moves(sass: str) -> int:
                 if seen == 2:
                     break
     return moves
+
+
+def _loads_moved_to_uniform(sass: str) -> int:
+    """R2UR moves of a register that a global load (LDG) wrote within the 12 instructions
+    before: the load's value taken into the uniform datapath at once, so the warp waits for
+    the load there (the weight's scales under the 29th session's uniform descriptors: 6-10
+    such moves in V4's head pairs; NOTES version 116)."""
+    lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/\s+\S", line)]
+    moved = 0
+    for i, line in enumerate(lines):
+        load = re.search(r"\bLDG\.E(?:\.(64|128))?\S* R(\d+),", line)
+        if not load:
+            continue
+        first = int(load.group(2))
+        written = range(first, first + {None: 1, "64": 2, "128": 4}[load.group(1)])
+        for later in lines[i + 1:i + 13]:
+            move = re.search(r"R2UR UR\d+, R(\d+)", later)
+            if move and int(move.group(1)) in written:
+                moved += 1
+    return moved
 
 
 @pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
@@ -174,6 +198,7 @@ def test_sm90_swap_ab_compiles(case, tmp_path):
     moves = _descriptor_moves(sass)
     if cfg.uniform_descriptors:
         assert moves == 0, moves
+        assert _loads_moved_to_uniform(sass) == 0  # the weight's scales stay in vector registers
     elif case == TP8_TILE:
         assert moves > 2 * ptx.count(wgmma), moves
     assert _spills(ck) == 0
@@ -275,9 +300,10 @@ def test_swap_ab_limits():
     assert S90.can_implement(GemmConfig(tile_m=64, uniform_descriptors=True, **sw), 8192, 1536)
     assert not S90N.can_implement(GemmConfig(tile_m=64, uniform_descriptors=True), 8192, 1536)
     assert "uniform_descriptors" in " ".join(S90N.config_problems(GemmConfig(tile_m=64, uniform_descriptors=True)))
-    # the phase-clock trace is a swap_ab probe's (it writes into the q output)
+    # the phase-clock trace: the swapped kernel's probe, or the kernel whole (stamps after q)
     assert S90.can_implement(GemmConfig(tile_m=16, epilogue=False, trace=True, **sw), 8192, 1536)
-    assert not S90.can_implement(GemmConfig(tile_m=16, trace=True, **sw), 8192, 1536)
+    assert S90.can_implement(GemmConfig(tile_m=16, trace=True, **sw), 8192, 1536)
+    assert not S100.can_implement(GemmConfig(tile_m=128, trace=True, **dict(sw, arch="sm_100a")), 8192, 1536)
     s100 = dict(arch="sm_100a", kind="swap_ab")
     assert S100.can_implement(GemmConfig(tile_m=128, **s100), 8192, 1536)
     assert not S100.can_implement(GemmConfig(tile_m=64, **s100), 8192, 1536)
@@ -315,9 +341,12 @@ def test_sm90_scales_before_pdl_wait_moves_only_the_wait(tmp_path):
 
 def test_sm90_swap_ab_trace_probe_compiles(tmp_path):
     """tuning/trace_decode's probe: clock stamps at the phase boundaries (global timer at
-    the consumer's start and hand-off); the plain probe has none."""
+    the consumer's start and hand-off); the plain probe has none; traced whole (--whole),
+    the kernel with its epilogue stamps the same phases and the epilogue's first tile."""
     cfg = GemmConfig(kind="swap_ab", tile_m=16, split_k=2, fused_act_quant=True, epilogue=False, trace=True)
     ptx = _ptx(jit.compile_fused(cfg, 8192, 1536, keep_dir=str(tmp_path / "trace")))
     assert ptx.count("%globaltimer") == 2 and ptx.count("%clock64") >= 8
     plain = _ptx(jit.compile_fused(dataclasses.replace(cfg, trace=False), 8192, 1536, keep_dir=str(tmp_path / "plain")))
     assert "%globaltimer" not in plain and "%clock64" not in plain
+    whole = _ptx(jit.compile_fused(dataclasses.replace(cfg, epilogue=True), 8192, 1536, keep_dir=str(tmp_path / "whole")))
+    assert whole.count("%globaltimer") == 2 and whole.count("%clock64") >= ptx.count("%clock64")

@@ -307,7 +307,8 @@ UNIFORM_CASES = [
         (13, 1024, 1536, 8, 2, 1, 1, True, True, True), (32, 8192, 1536, 16, 1, 1, 2, False, True, True),
         (130, 8192, 1024, 64, 2, 1, 1, True, True, True), (17, 1024, 1536, 16, 1, 1, 1, True, True, False),
         (65, 1024, 1024, 32, 1, 1, 1, True, False, True),
-        (128, 1024, 1536, 16, 1, 1, 2, False, True, True))  # TP8's qr-loading head pairs (30th session)
+        (128, 1024, 1536, 16, 1, 1, 2, False, True, True),  # TP8's qr-loading head pairs (30th session)
+        (9, 1024, 4352, 16, 1, 1, 1, False, True, True))  # 34 K blocks: two lanes' worth of weight scales
 ] + [  # the TP8 tables' 8-token tiles with four heads sharing the quantizer (16 lanes)
     (13, 1024, 1024, Tactic(kind="swap_ab", tile_m=8, cluster_n=4, epilogue_warpgroups=2, fused_act_quant=True,
                             pipelined_promotion=True, tensor_core_hadamard=True, uniform_descriptors=True))
@@ -316,7 +317,8 @@ UNIFORM_CASES = [
 
 @pytest.mark.parametrize("m,n,k,tactic", UNIFORM_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
 def test_swap_ab_uniform_descriptors_equal_hoisted(m, n, k, tactic, big_cos_sin):
-    """Where the WGMMA descriptors are formed changes no byte."""
+    """Where the WGMMA descriptors are formed, and where the weight's scales live (a register
+    a block, or spread over the lanes and shuffled back), changes no byte."""
     _needs_sm90()
     _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, uniform_descriptors=False), big_cos_sin)
 

@@ -268,6 +268,11 @@ def test_restamp_jobs_are_the_tables_distinct_tactics(tmp_path):
     entries = {json.dumps({"tactic": e["tactic"], "n": e["n"], "k": e["k"]}, sort_keys=True)
                for t in tables for e in json.loads(t.read_text())["entries"]}
     assert arch == "sm_90a" and len(jobs) == len(entries) and all(j["sms"] == 132 for j in jobs)
+    # --retune-up-to 64: only the tactics of buckets above M = 64 are compared
+    _, above = restamp.table_jobs(tables, 64)
+    kept = {json.dumps({"tactic": e["tactic"], "n": e["n"], "k": e["k"]}, sort_keys=True)
+            for t in tables for e in json.loads(t.read_text())["entries"] if e["m_max"] > 64}
+    assert len(above) == len(kept) < len(jobs)
 
 
 def test_restamp_refuses_tables_not_tuned_with_the_baseline(tmp_path):
@@ -357,15 +362,20 @@ def test_restamp_compare_refuses_by_numerics():
 def test_trace_outputs_hold_every_ctas_stamps():
     """tuning.trace_decode: the q output the probe writes its stamps into is the start of a
     buffer with room for every CTA's slots, however few its M rows (M = 1 at 8192 heads'
-    width holds 4 KB; 132 CTAs write 16.5 KB)."""
+    width holds 4 KB; 132 CTAs write 21 KB); traced whole, the stamps follow the q output
+    (kernels/sm90_parts.py: the q output's cosize past its start), clear of its bytes."""
     import torch
 
     from indexer_q.kernels.sm90_parts import TRACE_SLOTS
     from tuning.trace_decode import _stamps, trace_outputs
 
     for m, n in ((1, 8192), (16, 1024), (128, 8192)):
-        buffer, q_words, scale_words = trace_outputs(m, n, "cpu", 132)
-        assert q_words.shape == (m, n // 8) and q_words.dtype == torch.int32
-        assert q_words.data_ptr() == buffer.data_ptr() and scale_words.shape == (m, n // 128)
-        assert buffer.numel() >= max(m * n // 2, 132 * TRACE_SLOTS * 8)
-        assert _stamps(buffer).shape[0] >= 132 and _stamps(buffer).shape[1] == TRACE_SLOTS
+        for whole in (False, True):
+            buffer, q_words, scale_words, stamps = trace_outputs(m, n, "cpu", 132, whole)
+            assert q_words.shape == (m, n // 8) and q_words.dtype == torch.int32
+            assert q_words.data_ptr() == buffer.data_ptr() and scale_words.shape == (m, n // 128)
+            rows = _stamps(stamps)
+            assert rows.shape == (132, TRACE_SLOTS)
+            start = stamps.data_ptr() - buffer.data_ptr()
+            assert start == (m * n // 2 if whole else 0) and start % 8 == 0
+            assert stamps.numel() == 132 * TRACE_SLOTS * 8

@@ -13,10 +13,11 @@ table's kernel_fingerprint set to this tree's (then `tune --merge` rebuilds the 
 table). Otherwise nothing is written and the tactics whose code changed are listed:
 re-tune those tables on the GPU.
 
-`--retune-below M`: the entries of M <= M are left out of the comparison, for a change whose
-code reaches only those buckets' tactics, right before `retune_bench.sh` with M_MAX = M
-re-tunes them (the tuner keeps only the entries above M_MAX, and refuses tables of another
-fingerprint). Never commit a table so restamped without that re-tune.
+`--retune-up-to M`: the entries whose bucket (m_max) is M or less are left out of the
+comparison, for a change whose code reaches only those buckets' tactics, right before
+`retune_bench.sh` with M_MAX = M re-tunes them (the tuner keeps only the entries above M_MAX,
+and refuses tables of another fingerprint). Never commit a table so restamped without that
+re-tune.
 
 `--timed-numerics-only`: only the numerics the tuner times (NUMERICS[0]: MXFP4 with the
 Hadamard) must compile to the same code; changes under the others are listed, not refused.
@@ -42,16 +43,16 @@ NUMERICS = (dict(hadamard=True, fp4_rounding="floor-ties", out_format="mxfp4", p
             dict(hadamard=False, fp4_rounding="floor-ties", out_format="bf16", positions_dtype="int64"))
 
 
-def table_jobs(paths: list[Path], retune_below: int = 0) -> tuple[str, list[dict]]:
-    """(arch, the distinct compile jobs {tactic, n, k, sms}) of the tables' entries above
-    M = retune_below."""
+def table_jobs(paths: list[Path], retune_up_to: int = 0) -> tuple[str, list[dict]]:
+    """(arch, the distinct compile jobs {tactic, n, k, sms}) of the tables' entries whose
+    bucket is above M = retune_up_to."""
     arches, jobs = set(), {}
     for path in paths:
         table = json.loads(Path(path).read_text())
         meta = table["metadata"]
         arches.add(meta.get("arch", "sm_90a"))
         for entry in table["entries"]:
-            if entry["m_max"] <= retune_below:
+            if entry["m_max"] <= retune_up_to:
                 continue
             job = {"tactic": entry["tactic"], "n": entry["n"], "k": entry["k"], "sms": meta["sms"]}
             jobs[json.dumps(job, sort_keys=True)] = job
@@ -133,8 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", help="the git revision whose kernels the tables were tuned with")
     ap.add_argument("--timed-numerics-only", action="store_true",
                     help="refuse only changes under the numerics the tuner times (module doc)")
-    ap.add_argument("--retune-below", type=int, default=0, metavar="M",
-                    help="leave the entries of M <= M out (re-tuned next with M_MAX = M; module doc)")
+    ap.add_argument("--retune-up-to", type=int, default=0, metavar="M",
+                    help="leave out the entries whose bucket is M or less (re-tuned next with M_MAX = M; "
+                         "module doc)")
     ap.add_argument("--dump", nargs=2, metavar=("JOBS", "OUT"), help=argparse.SUPPRESS)  # worker mode
     args = ap.parse_args(argv)
     if args.dump:
@@ -146,7 +148,7 @@ def main(argv=None) -> int:
         return 0
     if not args.baseline or not args.tables:
         ap.error("give --baseline REV and the tables")
-    arch, jobs = table_jobs(args.tables, args.retune_below)
+    arch, jobs = table_jobs(args.tables, args.retune_up_to)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "baseline"
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.baseline], cwd=ROOT, check=True,
@@ -178,8 +180,9 @@ def main(argv=None) -> int:
         doc = json.loads(path.read_text())
         write_table(path, doc["metadata"] | {"kernel_fingerprint": new_fp}, doc["entries"])
     what = " under the tuner's numerics" if untimed else ""
+    unchecked = f" (the entries up to M = {args.retune_up_to} not checked: re-tune them)" if args.retune_up_to else ""
     print(f"restamp: {len(jobs)} tactics compile to the same PTX and IR{what}; {len(args.tables)} tables "
-          f"{old_fp} -> {new_fp}")
+          f"{old_fp} -> {new_fp}{unchecked}")
     return 0
 
 

@@ -14,12 +14,12 @@ out=$1; commit=${2:-unknown}; mkdir -p "$out/t" "$out/b"
 export INDEXER_Q_CACHE_DIR=/tmp/iq_cache
 t0=$SECONDS
 for mt in ${TABLES:-v4-pro:1 v4-flash:1 v4-pro:8 v4-flash:8}; do
-  set -- ${mt//:/ }
-  m_max=${3:-${M_MAX:-}}
-  if [ -n "$m_max" ]; then cp "tuning/tables/NVIDIA_H200_$1_tp$2.json" "$out/t/"; fi
-  python3 -m tuning.tune --model $1 --tp $2 --out "$out/t/NVIDIA_H200_$1_tp$2.json" ${m_max:+--m-max $m_max} \
-    > "$out/t/$1_tp$2.log" 2>&1
-  echo "tune $1 tp$2 rc=$? at $((SECONDS - t0)) s"
+  IFS=: read -r model tp table_m_max <<< "$mt"
+  m_max=${table_m_max:-${M_MAX:-}}
+  if [ -n "$m_max" ]; then cp "tuning/tables/NVIDIA_H200_${model}_tp$tp.json" "$out/t/"; fi
+  python3 -m tuning.tune --model "$model" --tp "$tp" --out "$out/t/NVIDIA_H200_${model}_tp$tp.json" \
+    ${m_max:+--m-max $m_max} > "$out/t/${model}_tp$tp.log" 2>&1
+  echo "tune $model tp$tp rc=$? at $((SECONDS - t0)) s"
 done
 cp "$out"/t/NVIDIA_H200_v4-*.json tuning/tables/ && python3 -m tuning.tune --merge tuning/tables/NVIDIA_H200_v4-*_tp*.json
 cp src/indexer_q/tables/NVIDIA_H200.json "$out/t/"

@@ -19,6 +19,10 @@ ranking of two tactics can differ from the bench's (NOTES, eighth session's trac
 `--with-quantizer` (tactics with the separate quantizer): each launch after the activation
 quantizer, as the op runs them, so the weight requested before the PDL wait competes with
 the quantizer as it does in the bench.
+`--whole` (swapped-A/B tactics): the kernel itself, epilogue and all, traced instead of its
+probe; the stamps then follow the q output in the same buffer, and the epilogue's first tile
+(taken, stored) is stamped too. The probe's phases can mislead where the epilogue competes
+with the K loop (30th session: a K loop 0.5 us sooner in the probe, no faster in the bench).
 """
 from __future__ import annotations
 
@@ -34,31 +38,36 @@ from tuning.bench import SHAPES, parse_fields
 PHASES = {  # kind: {name: trace slot} (kernels/gemm_sm90_swap_ab.py, kernels/gemm_sm90.py)
     "swap_ab": {"pdl_wait": 2, "quantized": 3, **{f"kb{i}_ready": 4 + i for i in range(6)}, "k_loop_done": 10,
                 "reduced": 11, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15,
-                "quantizer_start": 16, "own_units_quantized": 17},
+                "quantizer_start": 16, "own_units_quantized": 17, "epilogue_took_first": 18,
+                "epilogue_stored_first": 19},
     "native": {"pdl_wait": 2, "producer_pdl_wait": 3, **{f"kb{i}_ready": 4 + i for i in range(6)},
                "k_loop_done": 10, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15},
 }
 
 
-def trace_outputs(m: int, n: int, device, ctas: int):
-    """(buffer, q_words, q_scale words): the MXFP4 q output of M tokens as int32 words,
-    at the start of a zeroed byte buffer that also holds `ctas` CTAs' stamps (each CTA
-    writes TRACE_SLOTS int64 at cta * TRACE_SLOTS from the q output's start, past its
-    M rows where M is small)."""
+def trace_outputs(m: int, n: int, device, ctas: int, whole: bool = False):
+    """(buffer, q_words, q_scale words, stamps): the MXFP4 q output of M tokens as int32
+    words at the start of a zeroed byte buffer that also holds `ctas` CTAs' stamps, a row of
+    TRACE_SLOTS int64 a CTA: from the q output's start (a probe writes no q; past its M rows
+    where M is small), or (`whole`: the kernel writes q) right after it. `stamps` is that
+    part of the buffer."""
     from indexer_q.kernels.sm90_parts import TRACE_SLOTS
 
     q_bytes = m * (n // 2)
-    buffer = torch.zeros(max(q_bytes, ctas * TRACE_SLOTS * 8), dtype=torch.uint8, device=device)
+    stamp_bytes = ctas * TRACE_SLOTS * 8
+    buffer = torch.zeros(q_bytes + stamp_bytes if whole else max(q_bytes, stamp_bytes), dtype=torch.uint8,
+                         device=device)
     q_words = buffer[:q_bytes].view(m, n // 2).view(torch.int32)
-    return buffer, q_words, torch.empty(m, n // 128, dtype=torch.int32, device=device)
+    stamps = buffer[q_bytes:] if whole else buffer[:stamp_bytes]
+    return buffer, q_words, torch.empty(m, n // 128, dtype=torch.int32, device=device), stamps
 
 
-def trace_once(kernel, operands, x, m: int, n: int, flush: torch.Tensor, ctas: int) -> torch.Tensor:
-    buffer, q_words, scale_words = trace_outputs(m, n, x["qr"].device, ctas)
+def trace_once(kernel, operands, x, m: int, n: int, flush: torch.Tensor, ctas: int, whole: bool) -> torch.Tensor:
+    buffer, q_words, scale_words, stamps = trace_outputs(m, n, x["qr"].device, ctas, whole)
     _cold_start(buffer, flush, x)
     kernel(*operands, x["positions"], x["cos_sin"], q_words, scale_words)
     torch.cuda.synchronize()
-    return _stamps(buffer)
+    return _stamps(stamps)
 
 
 def _cold_start(buffer: torch.Tensor, flush: torch.Tensor, x: dict) -> None:
@@ -82,14 +91,14 @@ class StreamTrace:
     launch's stamps."""
 
     def __init__(self, kernel, operands, second_operands, x, m: int, n: int, flush: torch.Tensor, ctas: int,
-                 quantize=None):
+                 whole: bool, quantize=None):
         """quantize: the activation quantizer, launched before each GEMM into that launch's
         operands (their first two), as the op runs them; None: GEMM launches only."""
         self.x, self.flush = x, flush
-        outs = [trace_outputs(m, n, x["qr"].device, ctas) for _ in range(2)]
+        outs = [trace_outputs(m, n, x["qr"].device, ctas, whole) for _ in range(2)]
         self.outputs = outs  # both launches' buffers live as long as the graph that writes them
-        self.buffer = outs[1][0]
-        calls = [(ops, q_words, scale_words) for ops, (_, q_words, scale_words) in zip((operands, second_operands), outs)]
+        self.buffer, self.stamps = outs[1][0], outs[1][3]
+        calls = [(ops, q_words, scale_words) for ops, (_, q_words, scale_words, _) in zip((operands, second_operands), outs)]
 
         def launch_both():
             for ops, q_words, s_words in calls:
@@ -111,10 +120,11 @@ class StreamTrace:
         _cold_start(self.buffer, self.flush, self.x)
         self.graph.replay()
         torch.cuda.synchronize()
-        return _stamps(self.buffer)
+        return _stamps(self.stamps)
 
 
-def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_quantizer: bool = False) -> dict:
+def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_quantizer: bool = False,
+            whole: bool = False) -> dict:
     import indexer_q
     from indexer_q import dispatch, jit
     from indexer_q.testing import make_inputs
@@ -122,7 +132,7 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_qu
     n, k = SHAPES[shape]
     x = make_inputs(m, n, k, seed=0, device="cuda")
     w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
-    probe = dataclasses.replace(tactic, epilogue=False)
+    probe = tactic if whole else dataclasses.replace(tactic, epilogue=False)
     positions_dtype = "int64" if x["positions"].dtype == torch.int64 else "int32"
     config = dataclasses.replace(probe.to_config("sm_90a", hadamard=True, fp4_rounding="floor-ties",
                                                  out_format="mxfp4", positions_dtype=positions_dtype), trace=True)
@@ -139,14 +149,14 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_qu
         second = (operands[0], operands[1].clone(), operands[2].clone()) if tactic.fused_act_quant else \
             (*operands[:2], operands[2].clone(), operands[3].clone())
         quantize = dispatch.run_act_quant if with_quantizer and not tactic.fused_act_quant else None
-        tracer = StreamTrace(kernel, operands, second, x, m, n, flush, sms, quantize=quantize)
+        tracer = StreamTrace(kernel, operands, second, x, m, n, flush, sms, whole, quantize=quantize)
     # phases from the CTA's start, and (stream) from the end of its PDL wait as well
     origins = {"": 1, "since_pdl_wait:": 2} if stream else {"": 1}
     phases_of_kind = PHASES[tactic.kind]
     per_phase = {o + name: {"median": [], "max": []} for o in origins for name in phases_of_kind}
     rates, spans = [], []
     for _ in range(runs):
-        raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush, sms)
+        raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush, sms, whole)
         stamps = [s for s in raw[:sms].tolist() if s[1] != 0]
         if not stamps:
             raise SystemExit(f"no CTA stamped its start at {shape} M={m}: is the kernel traced?")
@@ -169,6 +179,7 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_qu
             "launches": ("two in a CUDA graph, the second's stamps" + (", each after the activation quantizer"
                                                                           if with_quantizer else "")
                          if stream else "one, eager"),
+            "traced": "the kernel with its epilogue" if whole else "its probe (epilogue=False)",
             "sm_clock_GHz": ghz, "consumer_span_us": statistics.median(spans), "phases": phases}
 
 
@@ -184,6 +195,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--stream", action="store_true",
                     help="two launches back to back in a CUDA graph (PDL), the second's stamps")
+    ap.add_argument("--whole", action="store_true",
+                    help="trace the kernel with its epilogue (swap_ab), not its probe")
     ap.add_argument("--with-quantizer", action="store_true",
                     help="--stream: each GEMM launch after the activation quantizer, as the op runs them "
                     "(tactics without fused_act_quant)")
@@ -191,11 +204,14 @@ def main(argv=None):
     if args.with_quantizer and not args.stream:
         ap.error("--with-quantizer needs --stream")
     tactic = Tactic(**parse_fields(args.tactic))
+    if args.whole and tactic.kind != "swap_ab":
+        ap.error("--whole: only the swapped-A/B kernel is traced with its epilogue")
     if args.with_quantizer and tactic.fused_act_quant:
         ap.error("--with-quantizer: this tactic quantizes the activation itself (fused_act_quant)")
     for shape in args.shapes:
         for m in args.m:
-            row = measure(shape, m, tactic, args.runs, stream=args.stream, with_quantizer=args.with_quantizer)
+            row = measure(shape, m, tactic, args.runs, stream=args.stream, with_quantizer=args.with_quantizer,
+                          whole=args.whole)
             print(json.dumps(row), flush=True)
             for name, p in row["phases"].items():
                 print(f"  {shape} M={m} {name:20s} {p['us_median_cta']:6.2f} us (slowest CTA {p['us_slowest_cta']:6.2f})")

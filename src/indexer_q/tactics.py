@@ -340,11 +340,11 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # producer's last request at 3.6 us, the K loop's end 1.7 us later). The tables re-tuned
         # with them (H200, 26th session) pick them at V4-Pro M = 9-32 (16-token pairs of heads):
         # bench 5.88 -> 5.69 us at M = 16, 6.86 -> 6.70 at 24, 6.85 -> 6.54 at 32. Forced, 8-token
-        # tiles lost 0.1-1 us so (their staged qr is small beside the ring); TP8's few heads are
-        # not offered them. At few heads (TP8, 30th session) once the uniform descriptors had
-        # made the K loop ~0.12 us a block: the trace of TP8 M = 128 then had blocks 6-11 wait
-        # on the ring's refills. Unsplit only: a split rank's staged ring already holds its K
-        # blocks.
+        # tiles lost 0.1-1 us so (their staged qr is small beside the ring). TP8's few heads
+        # were not offered them until the 30th session: once the uniform descriptors made the K
+        # loop ~0.12 us a block, TP8 M = 128's trace had blocks 6-11 wait on the ring's refills
+        # (K loop end 3.40 -> 3.05 us after the PDL wait with them). Unsplit only: a split
+        # rank's staged ring already holds its K blocks.
         swapped += [dataclasses.replace(t, stage_qr=False) for t in swapped
                     if t.fused_act_quant and t.tile_m == 16 and t.split_k == 1 and t.tensor_core_hadamard
                     and t.pipelined_promotion]
@@ -355,11 +355,12 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # us, but M = 32-64 +0.15-0.30 and V4-Pro M = 24-96 +0.11-0.72.
         swapped += [dataclasses.replace(t, scales_before_pdl_wait=True) for t in swapped
                     if t.fused_act_quant and t.tile_m >= 32 and t.act_quant_lanes == 4]
-        # Each block's WGMMA descriptors made from warp-uniform addresses (see GemmConfig): on
-        # the H200 (29th session, A/B on the tables' tactics) 0.1-0.2 us faster at TP8 M = 32-128
-        # (the 16-token tile's K block 0.154 -> 0.118 us), 0.4-0.7 slower on V4's pairs of heads.
-        # Twins of the fused, pipelined tiles up to 32 tokens (at many heads too since the 30th
-        # session: the same A/B had V4-Pro M = 1 and 64 0.15-0.2 us faster; the tuner decides).
+        # Each block's WGMMA descriptors made from warp-uniform addresses, and the weight's
+        # scales spread over the lanes (see GemmConfig): on the H200 (30th session, A/B on the
+        # tables' tactics, NOTES version 116) TP8 0.05-0.47 us faster than the hoisted twins,
+        # V4-Pro M = 1-8 and 48-64 0.15-0.3, V4's pairs of heads +0.0-0.16 (before the scales
+        # were spread, +0.4-0.7: offered at few heads only then). Twins of the fused, pipelined
+        # tiles up to 32 tokens at every head count; the tuner decides.
         swapped += [dataclasses.replace(t, uniform_descriptors=True) for t in swapped
                     if t.fused_act_quant and t.pipelined_promotion and t.tile_m <= 32]
         cands += swapped
