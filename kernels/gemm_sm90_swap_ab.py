@@ -48,14 +48,13 @@ from .swap_ab_limits_sm90 import Sm90SwapABLimits
 from .swap_ab_quant_sm90 import ACT_QUANT_LANE_CHOICES, QR_TMA_MAX_TILE, WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
 
 LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles fill it
-# trace (probe only): TRACE_SLOTS int64 a CTA in the q output. Consumer: 0 globaltimer at its
+# trace (GemmConfig.trace): TRACE_SLOTS int64 a CTA (sm90_parts._trace_tensor). Consumer: 0 globaltimer at its
 # start, 1 clock64 at its start, 2 after the PDL wait, 3 first tile quantized, 4..9 first
 # tile's K blocks 0..5 in shared memory, 10 K loop done, 11 K split reduced, 12 tile
 # handed to the epilogue, 13 globaltimer then; producer: 14 its start, 15 every load issued;
 # consumer again: 16 first tile's qr in shared memory (staged) or its quantizer's start, 17 its
 # own units quantized (with cluster_n > 1, slot 3 then also waits for the peers' bytes);
-# epilogue: 18 first tile taken, 19 its rows stored. Traced with the epilogue (GemmConfig.trace
-# with epilogue=True), the slots follow the q output instead of filling it.
+# epilogue: 18 first tile taken, 19 its rows stored.
 
 
 class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90EpilogueRoles,

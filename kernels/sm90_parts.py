@@ -29,8 +29,9 @@ ROW_LAYOUTS = {4: epi.SM90_EPI_ROW_LAYOUT, 8: epi.SM90_EPI8_ROW_LAYOUT}
 WORDS_PER_ROW = 64  # a head row of bf16, two a 32-bit word
 BAR_LAST_TILE_HANDED = 2  # the consumers' bf16 rows of the CTA's last tile are all in shared memory
 ACCUMULATE = cute.nvgpu.warpgroup.Field.ACCUMULATE
-# trace probes (GemmConfig.trace): int64 clock stamps a CTA in the unused q output; each
-# kernel's slots are listed beside it (gemm_sm90.py, gemm_sm90_swap_ab.py)
+# traced kernels (GemmConfig.trace): int64 clock stamps a CTA, in a probe's unused q output
+# or after the q output (_trace_tensor); each kernel's slots are listed beside it
+# (gemm_sm90.py, gemm_sm90_swap_ab.py)
 TRACE_SLOTS = 20
 
 
