@@ -235,6 +235,10 @@ class Sm90SwapABQuantizer:
                         if cutlass.const_expr(share is not None):
                             self._send_to_peers(sBw, byte, out[2 * v:2 * v + 2], sActScale, b, r, scale, lane16,
                                                 share)
+            if cutlass.const_expr(trace is not None):  # a batch's units stored and sent (slots 20..22)
+                for j in cutlass.range_constexpr(3):
+                    if first == j * batch:
+                        self._stamp(trace, 20 + j, qtidx)
         cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> WGMMA reads
         # Arrive, not sync, in the helpers: bar.sync is .aligned (every thread meeting the
         # barrier at the same instruction), and the helpers' copy of this code is another

@@ -187,24 +187,31 @@ def test_timing_keys_are_tactic_specs_and_older_dict_keys_still_read(tmp_path):
     assert Tactic.from_dict(json.loads(path.read_text())["entries"][0]["tactic"]) == a
 
 
-def test_partial_retune_keeps_the_entries_above_and_refuses_a_stale_table(tmp_path):
-    """--m-max: the earlier table's entries, timings and checks above M are kept (they are
-    the same setup's); a table of other kernels is refused, not mixed in."""
+def test_partial_retune_keeps_the_entries_outside_and_refuses_a_stale_table(tmp_path):
+    """--m-max / --m-min: the earlier table's entries, timings and checks outside the
+    re-tuned buckets are kept (they are the same setup's); a table of other kernels is
+    refused, not mixed in."""
     from indexer_q import table as tables
 
     x, y = Tactic(tile_m=64).spec(), Tactic(tile_m=64, loads_in_flight=3).spec()
     meta = {"gpu": "G", "sms": 132, "cutlass_dsl": "1", "kernel_fingerprint": "f",
-            "timings_us": {"256": {x: 1.0}, "512": {y: 2.0}}, "codes_equal": {y: 1.0}}
+            "timings_us": {"64": {x: 0.5}, "256": {x: 1.0}, "512": {y: 2.0}}, "codes_equal": {y: 1.0}}
     path = tmp_path / "t.json"
-    tables.write_table(path, meta, [{"n": 8192, "k": 1536, "m_max": m, "tactic": Tactic()} for m in (256, 512)])
-    entries, timings, checks = tune._kept_above(path, 256, meta, 8192, 1536)
+    tables.write_table(path, meta, [{"n": 8192, "k": 1536, "m_max": m, "tactic": Tactic()} for m in (64, 256, 512)])
+    entries, timings, checks = tune._kept_outside(path, None, 256, meta, 8192, 1536)
     assert [e["m_max"] for e in entries] == [512] and timings == {"512": {y: 2.0}} and checks == {y: 1.0}
+    entries, timings, _ = tune._kept_outside(path, 64, None, meta, 8192, 1536)
+    assert [e["m_max"] for e in entries] == [64] and timings == {"64": {x: 0.5}}
+    entries, timings, _ = tune._kept_outside(path, 64, 256, meta, 8192, 1536)
+    assert [e["m_max"] for e in entries] == [64, 512] and sorted(timings) == ["512", "64"]
     with pytest.raises(SystemExit, match="kernel_fingerprint"):
-        tune._kept_above(path, 256, meta | {"kernel_fingerprint": "g"}, 8192, 1536)
+        tune._kept_outside(path, None, 256, meta | {"kernel_fingerprint": "g"}, 8192, 1536)
     with pytest.raises(SystemExit, match="N = 1024"):  # another model / TP's table
-        tune._kept_above(path, 256, meta, 1024, 1536)
+        tune._kept_outside(path, None, 256, meta, 1024, 1536)
     with pytest.raises(SystemExit, match="not a bucket"):
-        tune._kept_above(path, 300, meta, 8192, 1536)
+        tune._kept_outside(path, None, 300, meta, 8192, 1536)
+    with pytest.raises(SystemExit, match="below"):
+        tune._kept_outside(path, 256, 64, meta, 8192, 1536)
 
 
 def test_merge_tables(tmp_path):

@@ -177,35 +177,47 @@ def profile(m, n, k, arch, log, checked: dict, checker, sms=None) -> tuple:
     return winner, timings
 
 
-def _kept_above(path, m_max: int, meta: dict, n: int, k: int) -> tuple[list[dict], dict, dict]:
-    """--m-max: an earlier table's entries above m_max, with their timings and checks, to be
-    kept beside a re-tune of the buckets up to it. Refused unless that table is this (N, K)'s
-    alone, with its timings, and was made for this setup (the same GPU, DSL and kernel
-    fingerprint: its timings must still hold)."""
-    if m_max not in BUCKETS:
-        raise SystemExit(f"--m-max {m_max}: not a bucket (one of {BUCKETS}); the entries between it and the "
-                         "bucket below would be neither re-tuned nor kept")
+def _kept_outside(path, m_min: int | None, m_max: int | None, meta: dict, n: int, k: int
+                  ) -> tuple[list[dict], dict, dict]:
+    """--m-min / --m-max: an earlier table's entries outside the re-tuned buckets (M <= m_min,
+    M > m_max), with their timings and checks, to be kept beside a re-tune of those between.
+    Refused unless that table is this (N, K)'s alone, with its timings, and was made for this
+    setup (the same GPU, DSL and kernel fingerprint: its timings must still hold)."""
+    for flag, bound in (("--m-min", m_min), ("--m-max", m_max)):
+        if bound is not None and bound not in BUCKETS:
+            raise SystemExit(f"{flag} {bound}: not a bucket (one of {BUCKETS}); the entries between it and the "
+                             "next bucket would be neither re-tuned nor kept")
+    if m_min is not None and m_max is not None and m_min >= m_max:
+        raise SystemExit(f"--m-min {m_min} must be below --m-max {m_max}")
+    lo = -1 if m_min is None else m_min
+    hi = float("inf") if m_max is None else m_max
+    span = f"M in ({m_min if m_min is not None else 0}, {m_max if m_max is not None else 'inf'}]"
     if not Path(path).exists():
-        raise SystemExit(f"--m-max keeps the entries above M = {m_max} of {path}, which does not exist")
+        raise SystemExit(f"a partial re-tune keeps the entries outside {span} of {path}, which does not exist")
     doc = json.loads(Path(path).read_text())
     shapes = {(e["n"], e["k"]) for e in doc["entries"]}
     if shapes != {(n, k)} or "timings_us" not in doc["metadata"]:
-        raise SystemExit(f"--m-max needs {path} to be the tuner's own table of N = {n}, K = {k} (with its "
-                         f"timings), not {sorted(shapes)}")
+        raise SystemExit(f"a partial re-tune needs {path} to be the tuner's own table of N = {n}, K = {k} (with "
+                         f"its timings), not {sorted(shapes)}")
     old = doc["metadata"]
     stale = table.mismatches(old, meta)
     if stale:
-        raise SystemExit(f"--m-max keeps {path}'s entries above M = {m_max}, but it was made for another "
+        raise SystemExit(f"a partial re-tune keeps {path}'s entries outside {span}, but it was made for another "
                          f"setup ({' and '.join(stale)}): tune it whole")
-    entries = [e for e in doc["entries"] if e["m_max"] > m_max]
+
+    def kept(m) -> bool:
+        return not lo < int(m) <= hi
+
+    entries = [e for e in doc["entries"] if kept(e["m_max"])]
     defaults = old.get("tactic_defaults")
-    timings = {m: _rekeyed(t, defaults) for m, t in old["timings_us"].items() if int(m) > m_max}
+    timings = {m: _rekeyed(t, defaults) for m, t in old["timings_us"].items() if kept(m)}
     return entries, timings, _rekeyed(old.get("codes_equal", {}), defaults)
 
 
-def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=print, m_max=None) -> Path:
-    """Tune every bucket, or (m_max) only those up to it, keeping the entries above from
-    the table at `out` (or the default path)."""
+def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=print, m_max=None,
+         m_min=None) -> Path:
+    """Tune every bucket, or (m_min, m_max) only those above m_min and up to m_max, keeping
+    the entries outside from the table at `out` (or the default path)."""
     k = MODELS[model]
     n = 8192 // tp
     results = {}
@@ -214,9 +226,9 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     stem = table.table_file_name(gpu_meta["gpu"]).removesuffix(".json")
     path = Path(out) if out else TABLES / f"{stem}_{model}_tp{tp}.json"
     kept, kept_timings, kept_checks = [], {}, {}
-    if m_max is not None:
-        kept, kept_timings, kept_checks = _kept_above(path, m_max, gpu_meta, n, k)
-        buckets = [m for m in buckets if m <= m_max]
+    if m_max is not None or m_min is not None:
+        kept, kept_timings, kept_checks = _kept_outside(path, m_min, m_max, gpu_meta, n, k)
+        buckets = [m for m in buckets if (m_min is None or m > m_min) and (m_max is None or m <= m_max)]
     sms = gpu_meta["sms"]  # this GPU's: the heuristic and the candidates depend on it
     precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k, sms)}, key=repr), n, k, arch)
     checker = Checker(n, k)
@@ -244,6 +256,8 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
                        "timings_us": dict(sorted((timings | kept_timings).items(), key=lambda kv: int(kv[0])))}
     if m_max is not None:
         meta["retuned_up_to_m"] = m_max
+    if m_min is not None:
+        meta["retuned_above_m"] = m_min
     table.write_table(path, meta, entries)
     log(f"wrote {path}")
     return path
@@ -283,6 +297,9 @@ def main(argv=None):
                     help="re-tune only the buckets up to this M, keeping the entries above from the "
                          "table at --out (default: this model and TP's in tuning/tables/), which must "
                          "have been made for this setup (e.g. after adding small-M candidates)")
+    ap.add_argument("--m-min", type=int, default=None,
+                    help="re-tune only the buckets above this M (with --m-max: between the two), keeping "
+                         "the entries up to it from the table at --out, as --m-max does")
     ap.add_argument("--rechoose", nargs="+", metavar="TABLE",
                     help="re-derive these tables' entries from their recorded timings (no GPU)")
     ap.add_argument("--merge", nargs="+", metavar="TABLE",
@@ -312,7 +329,7 @@ def main(argv=None):
         if not torch.cuda.is_available():
             print("indexer-q tune needs a CUDA GPU", file=sys.stderr)
             return 2
-        path = tune(args.model, args.tp, args.out, m_max=args.m_max)
+        path = tune(args.model, args.tp, args.out, m_max=args.m_max, m_min=args.m_min)
     if args.install is not None:
         print(f"installed {path} as {table.install_table(path)}")
     return 0
