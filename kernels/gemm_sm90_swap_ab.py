@@ -55,7 +55,8 @@ LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles
 # consumer again: 16 first tile's qr in shared memory (staged) or its quantizer's start, 17 its
 # own units quantized (with cluster_n > 1, slot 3 then also waits for the peers' bytes);
 # epilogue: 18 first tile taken, 19 its rows stored; 20..22 the first tile's quantizer (slot
-# 16's thread) past its batches 0..2 of rounds (a batch's units loaded, then stored and sent).
+# 16's thread) past its batches 0..2 of rounds (a batch's units loaded, then stored and sent);
+# 23 its first batch's qr loads landed (loading quantizers only).
 
 
 class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90EpilogueRoles,

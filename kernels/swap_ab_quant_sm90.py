@@ -217,6 +217,17 @@ class Sm90SwapABQuantizer:
                 if first == 0:
                     cute.arch.barrier_arrive(barrier_id=BAR_QR_LOADS_ISSUED,
                                              number_of_threads=32 + helpers * WARPGROUP, aligned=False)
+            if cutlass.const_expr(trace is not None):  # slot 23: the first batch's qr has landed
+                # in a block of its own after the arrive (ptxas schedules within blocks: the xor
+                # would otherwise be placed above the arrive, holding it until the loads land)
+                if row0 < m:  # always, in a live round
+                    if first == 0:
+                        landed = Int32(0)
+                        for _, _, _, words, _ in loaded:
+                            for w in words:
+                                landed = landed ^ w.bitcast(Int32)
+                        if (landed & 1) * (m >> 30) == 0:  # always true, once the loads are in
+                            self._stamp(trace, 23, qtidx)
             for r, b, lane16s, words, stored in loaded:
                 if cutlass.const_expr(taken == 1):
                     out, scale = quantize_unit(words)
