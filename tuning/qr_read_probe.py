@@ -10,7 +10,8 @@ three patterns, in L2 (warm) and with L2 flushed before each launch (cold):
 - none: the launch alone (no loads), to subtract.
 
 Cold: one launch after an L2 flush, timed by CUDA events; warm: a CUDA graph of 20 launches,
-its time / 20 (medians). Launch costs are in every number; the differences are the reads. Not a package kernel: a measuring tool (Triton)."""
+its time / 20 (medians). Launch costs are in every number; the differences are the reads.
+Not a package kernel: a measuring tool (Triton)."""
 from __future__ import annotations
 
 import argparse
