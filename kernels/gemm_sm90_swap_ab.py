@@ -56,7 +56,7 @@ LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles
 # own units quantized (with cluster_n > 1, slot 3 then also waits for the peers' bytes);
 # epilogue: 18 first tile taken, 19 its rows stored; 20..22 the first tile's quantizer (slot
 # 16's thread) past its batches 0..2 of rounds (a batch's units loaded, then stored and sent);
-# 23 its first batch's qr loads landed (loading quantizers only).
+# 23 its first batch's qr in registers (loads landed, or words read from the staging buffer).
 
 
 class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90EpilogueRoles,
