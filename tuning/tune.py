@@ -177,6 +177,11 @@ def profile(m, n, k, arch, log, checked: dict, checker, sms=None) -> tuple:
     return winner, timings
 
 
+def _retuned(m, m_min: int | None, m_max: int | None) -> bool:
+    """A partial re-tune's buckets: M above m_min (if given) and up to m_max (if given)."""
+    return (m_min is None or int(m) > m_min) and (m_max is None or int(m) <= m_max)
+
+
 def _kept_outside(path, m_min: int | None, m_max: int | None, meta: dict, n: int, k: int
                   ) -> tuple[list[dict], dict, dict]:
     """--m-min / --m-max: an earlier table's entries outside the re-tuned buckets (M <= m_min,
@@ -189,8 +194,6 @@ def _kept_outside(path, m_min: int | None, m_max: int | None, meta: dict, n: int
                              "next bucket would be neither re-tuned nor kept")
     if m_min is not None and m_max is not None and m_min >= m_max:
         raise SystemExit(f"--m-min {m_min} must be below --m-max {m_max}")
-    lo = -1 if m_min is None else m_min
-    hi = float("inf") if m_max is None else m_max
     span = f"M in ({m_min if m_min is not None else 0}, {m_max if m_max is not None else 'inf'}]"
     if not Path(path).exists():
         raise SystemExit(f"a partial re-tune keeps the entries outside {span} of {path}, which does not exist")
@@ -204,13 +207,9 @@ def _kept_outside(path, m_min: int | None, m_max: int | None, meta: dict, n: int
     if stale:
         raise SystemExit(f"a partial re-tune keeps {path}'s entries outside {span}, but it was made for another "
                          f"setup ({' and '.join(stale)}): tune it whole")
-
-    def kept(m) -> bool:
-        return not lo < int(m) <= hi
-
-    entries = [e for e in doc["entries"] if kept(e["m_max"])]
+    entries = [e for e in doc["entries"] if not _retuned(e["m_max"], m_min, m_max)]
     defaults = old.get("tactic_defaults")
-    timings = {m: _rekeyed(t, defaults) for m, t in old["timings_us"].items() if kept(m)}
+    timings = {m: _rekeyed(t, defaults) for m, t in old["timings_us"].items() if not _retuned(m, m_min, m_max)}
     return entries, timings, _rekeyed(old.get("codes_equal", {}), defaults)
 
 
@@ -228,7 +227,7 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
     kept, kept_timings, kept_checks = [], {}, {}
     if m_max is not None or m_min is not None:
         kept, kept_timings, kept_checks = _kept_outside(path, m_min, m_max, gpu_meta, n, k)
-        buckets = [m for m in buckets if (m_min is None or m > m_min) and (m_max is None or m <= m_max)]
+        buckets = [m for m in buckets if _retuned(m, m_min, m_max)]
     sms = gpu_meta["sms"]  # this GPU's: the heuristic and the candidates depend on it
     precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k, sms)}, key=repr), n, k, arch)
     checker = Checker(n, k)
