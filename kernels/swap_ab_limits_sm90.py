@@ -95,6 +95,8 @@ class Sm90SwapABLimits:
             out += k_blocks * t * (SCALE_BLOCK_K + 4) + 1024
             if cls.stages_qr_by_tma(config):  # the bf16 staging buffer and its two barriers
                 out += k_blocks * t * SCALE_BLOCK_K * 2 + 2048
+            if config.cluster_n > 1:  # the peers' bytes barrier (heads sharing the quantizer; 1024-aligned)
+                out += 1024
         return out
 
     @classmethod
