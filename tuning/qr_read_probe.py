@@ -94,5 +94,6 @@ def main(argv=None):
                     times.append(a.elapsed_time(b) * 1e3 / (1 if cold else GRAPH))
                 print(f"| {ctas} | {name} | {'cold' if cold else 'warm'} | {statistics.median(times):.2f} |")
 
+
 if __name__ == "__main__":
     main()
