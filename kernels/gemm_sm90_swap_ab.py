@@ -40,9 +40,9 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from . import epilogue as epi
 from .epilogue_sm90 import Sm90EpilogueRoles
 from .gemm_base import SCALE_BLOCK_K, GemmConfig
-from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, WARPGROUP, WORDS_PER_ROW, Sm90KernelBase,
-                         add_partials, gather_partials, pace_loads, reduce_tensor, scatter_partial,
-                         scatter_tensor, send_partial, shared_storage)
+from .sm90_parts import (EPI_BUFFERS, ROWS_PER_CONSUMER, TRACE_BLOCKS, WARPGROUP, WORDS_PER_ROW,
+                         Sm90KernelBase, add_partials, gather_partials, pace_loads, reduce_tensor,
+                         scatter_partial, scatter_tensor, send_partial, shared_storage)
 from .swap_ab_kloop_sm90 import TWO_PARTIALS_MAX_TILE, Sm90SwapABKLoops
 from .swap_ab_limits_sm90 import Sm90SwapABLimits
 from .swap_ab_quant_sm90 import ACT_QUANT_LANE_CHOICES, QR_TMA_MAX_TILE, WEIGHT_BLOCKS_BEFORE_QR, Sm90SwapABQuantizer
@@ -56,7 +56,9 @@ LANES_PER_ROW = 8  # the epilogue's: a 16-row pass per warpgroup, so small tiles
 # own units quantized (with cluster_n > 1, slot 3 then also waits for the peers' bytes);
 # epilogue: 18 first tile taken, 19 its rows stored; 20..22 the first tile's quantizer (slot
 # 16's thread) past its batches 0..2 of rounds (a batch's units loaded, then stored and sent);
-# 23 its first batch's qr in registers (loads landed, or words read from the staging buffer).
+# 23 its first batch's qr in registers (loads landed, or words read from the staging buffer);
+# first tile, K block kb < TRACE_BLOCKS (pipelined K loop): 24 + kb the consumer's wait for it
+# began, 36 + kb it was in shared memory; 48 + kb the producer requested it.
 
 
 class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuantizer, Sm90EpilogueRoles,
@@ -403,6 +405,8 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
                         self._wait_for_qr_loads()
                 if cutlass.const_expr(kb < early):
                     ab_pipeline.producer_acquire(state)
+                    if cutlass.const_expr(kb < TRACE_BLOCKS):
+                        self._stamp(trace, 48 + kb, lane)
                     self._load_weight(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)],
                                       ab_pipeline.producer_get_barrier(state), w_mask)
                     state.advance()
@@ -428,6 +432,9 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             for kb in range(first, self.k_blocks):
                 pace_loads(ab_pipeline, state, self.loads_in_flight)
                 ab_pipeline.producer_acquire(state)
+                if cutlass.const_expr(trace is not None):
+                    if first > 0 and kb < TRACE_BLOCKS:  # the first tile (its first blocks were early)
+                        self._stamp(trace, 48 + kb, lane)
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._load_weight(tma_w, tWgW_n[(None, k_begin + kb)], tWsW[(None, state.index)], bar, w_mask)
                 if cutlass.const_expr(not self.fused):

@@ -32,7 +32,8 @@ ACCUMULATE = cute.nvgpu.warpgroup.Field.ACCUMULATE
 # traced kernels (GemmConfig.trace): int64 clock stamps a CTA, in a probe's unused q output
 # or after the q output (_trace_tensor); each kernel's slots are listed beside it
 # (gemm_sm90.py, gemm_sm90_swap_ab.py)
-TRACE_SLOTS = 24
+TRACE_SLOTS = 64
+TRACE_BLOCKS = 12  # per-block stamps (first tile): its first 12 K blocks
 
 
 def issue_wgmmas(tiled_mma, acc, tCrA, tCrB, k_slices, stage=None, stage_b=None):

@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from . import epilogue as epi
-from .sm90_parts import ACCUMULATE, issue_wgmmas, swizzled_word, uniform_view
+from .sm90_parts import ACCUMULATE, TRACE_BLOCKS, issue_wgmmas, swizzled_word, uniform_view
 
 # pipelined_promotion: up to this tile two partials (block kb promoted under block kb+1's
 # WGMMAs); at 64 tokens two partials and the accumulator would take 192 registers, so there
@@ -75,19 +75,23 @@ class Sm90SwapABKLoops:
         constant): no WGMMA is in flight across a loop back-edge."""
         mma_per_stage = cute.size(tCrA, mode=[2])
         issue_state = read_state.clone()
+        self._stamp_block(trace, 24, 0, tiles_done, ctidx)
         ab_pipeline.consumer_wait(issue_state)
         if tiles_done == 0:
             self._stamp(trace, 4, ctidx)
+        self._stamp_block(trace, 36, 0, tiles_done, ctidx)
         tiled_mma = self._issue_block(issue_state, tiled_mma, partials[0], tCrA, tCrB, 0, mma_per_stage, operands)
         issue_state.advance()
         scales = self._block_scales(0, w_scales, sActScale, a_scale, row0, m, tokens, k_begin)
         for kb in cutlass.range_constexpr(self.k_blocks):
             upcoming = scales
             if cutlass.const_expr(kb + 1 < self.k_blocks):
+                self._stamp_block(trace, 24, kb + 1, tiles_done, ctidx)
                 ab_pipeline.consumer_wait(issue_state)
                 if cutlass.const_expr(kb + 1 < 6):
                     if tiles_done == 0:
                         self._stamp(trace, 5 + kb, ctidx)
+                self._stamp_block(trace, 36, kb + 1, tiles_done, ctidx)
                 tiled_mma = self._issue_block(issue_state, tiled_mma, partials[(kb + 1) % 2], tCrA, tCrB, kb + 1,
                                               mma_per_stage, operands)
                 issue_state.advance()
@@ -100,6 +104,13 @@ class Sm90SwapABKLoops:
             self._promote(acc, partials[kb % 2], scales)
             scales = upcoming
         return read_state, tiled_mma
+
+    @cute.jit
+    def _stamp_block(self, trace, base: cutlass.Constexpr, kb: cutlass.Constexpr, tiles_done, ctidx):
+        """Trace only: slot base + kb for the first tile's K block kb < TRACE_BLOCKS."""
+        if cutlass.const_expr(trace is not None and kb < TRACE_BLOCKS):
+            if tiles_done == 0:
+                self._stamp(trace, base + kb, ctidx)
 
     def _issue_block(self, issue_state, tiled_mma, partial, tCrA, tCrB, kb, mma_per_stage, operands):
         """Block kb's WGMMAs into `partial` (one commit group)."""

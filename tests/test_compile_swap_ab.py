@@ -350,3 +350,15 @@ def test_sm90_swap_ab_trace_probe_compiles(tmp_path):
     assert "%globaltimer" not in plain and "%clock64" not in plain
     whole = _ptx(jit.compile_fused(dataclasses.replace(cfg, epilogue=True), 8192, 1536, keep_dir=str(tmp_path / "whole")))
     assert whole.count("%globaltimer") == 2 and whole.count("%clock64") >= ptx.count("%clock64")
+
+
+def test_sm90_swap_ab_trace_stamps_each_k_block(tmp_path):
+    """The pipelined K loop's trace stamps each of the first tile's 12 K blocks three times
+    (the producer's request, the consumer's wait begun and over: trace_decode's
+    kb*_requested / kb*_wait_began / kb*_in_smem) on top of the phases."""
+    base = dict(kind="swap_ab", tile_m=32, cluster_n=2, fused_act_quant=True, pipelined_promotion=True,
+                epilogue_warpgroups=2, act_quant_lanes=4, uniform_descriptors=True, trace=True)
+    pipelined = _ptx(jit.compile_fused(GemmConfig(**base), 8192, 1536, keep_dir=str(tmp_path / "pipelined")))
+    plain = _ptx(jit.compile_fused(GemmConfig(**dict(base, pipelined_promotion=False)), 8192, 1536,
+                                   keep_dir=str(tmp_path / "plain")))
+    assert pipelined.count("%clock64") >= plain.count("%clock64") + 2 * 12

@@ -40,7 +40,8 @@ PHASES = {  # kind: {name: trace slot} (kernels/gemm_sm90_swap_ab.py, kernels/ge
                 "reduced": 11, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15,
                 "quantizer_start": 16, "own_units_quantized": 17, "epilogue_took_first": 18,
                 "epilogue_stored_first": 19, **{f"quantizer_batch{j}_done": 20 + j for j in range(3)},
-                "quantizer_loads_landed": 23},
+                "quantizer_loads_landed": 23, **{f"kb{i}_wait_began": 24 + i for i in range(12)},
+                **{f"kb{i}_in_smem": 36 + i for i in range(12)}, **{f"kb{i}_requested": 48 + i for i in range(12)}},
     "native": {"pdl_wait": 2, "producer_pdl_wait": 3, **{f"kb{i}_ready": 4 + i for i in range(6)},
                "k_loop_done": 10, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15},
 }
@@ -155,10 +156,11 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_qu
     origins = {"": 1, "since_pdl_wait:": 2} if stream else {"": 1}
     phases_of_kind = PHASES[tactic.kind]
     per_phase = {o + name: {"median": [], "max": []} for o in origins for name in phases_of_kind}
-    rates, spans = [], []
+    rates, spans, raw_runs = [], [], []
     for _ in range(runs):
         raw = tracer.run() if stream else trace_once(kernel, operands, x, m, n, flush, sms, whole)
         stamps = [s for s in raw[:sms].tolist() if s[1] != 0]
+        raw_runs.append(stamps)
         if not stamps:
             raise SystemExit(f"no CTA stamped its start at {shape} M={m}: is the kernel traced?")
         ctas = len(stamps)
@@ -181,7 +183,8 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_qu
                                                                           if with_quantizer else "")
                          if stream else "one, eager"),
             "traced": "the kernel with its epilogue" if whole else "its probe (epilogue=False)",
-            "sm_clock_GHz": ghz, "consumer_span_us": statistics.median(spans), "phases": phases}
+            "sm_clock_GHz": ghz, "consumer_span_us": statistics.median(spans), "phases": phases,
+            "raw_stamps": raw_runs}
 
 
 def main(argv=None):
@@ -198,6 +201,7 @@ def main(argv=None):
                     help="two launches back to back in a CUDA graph (PDL), the second's stamps")
     ap.add_argument("--whole", action="store_true",
                     help="trace the kernel with its epilogue (swap_ab), not its probe")
+    ap.add_argument("--raw", metavar="FILE", help="also write every run's stamps (a row a CTA, SM clocks) as JSON")
     ap.add_argument("--with-quantizer", action="store_true",
                     help="--stream: each GEMM launch after the activation quantizer, as the op runs them "
                     "(tactics without fused_act_quant)")
@@ -209,13 +213,18 @@ def main(argv=None):
         ap.error("--whole: only the swapped-A/B kernel is traced with its epilogue")
     if args.with_quantizer and tactic.fused_act_quant:
         ap.error("--with-quantizer: this tactic quantizes the activation itself (fused_act_quant)")
+    raw = []
     for shape in args.shapes:
         for m in args.m:
             row = measure(shape, m, tactic, args.runs, stream=args.stream, with_quantizer=args.with_quantizer,
                           whole=args.whole)
+            raw.append({"shape": shape, "M": m, "runs": row.pop("raw_stamps")})
             print(json.dumps(row), flush=True)
             for name, p in row["phases"].items():
                 print(f"  {shape} M={m} {name:20s} {p['us_median_cta']:6.2f} us (slowest CTA {p['us_slowest_cta']:6.2f})")
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump(raw, f)
 
 
 if __name__ == "__main__":
