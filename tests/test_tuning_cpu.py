@@ -373,8 +373,13 @@ def test_trace_outputs_hold_every_ctas_stamps():
     (kernels/sm90_parts.py: the q output's cosize past its start), clear of its bytes."""
     import torch
 
-    from indexer_q.kernels.sm90_parts import TRACE_SLOTS
-    from tuning.trace_decode import _stamps, trace_outputs
+    from indexer_q.kernels.sm90_parts import TRACE_BLOCKS, TRACE_SLOTS
+    from tuning.trace_decode import KBLOCKS, PHASES, _stamps, trace_outputs
+
+    # every phase's slot is one the kernels write, the per-block ones as many as they stamp
+    assert KBLOCKS == TRACE_BLOCKS
+    assert all(0 <= slot < TRACE_SLOTS for phases in PHASES.values() for slot in phases.values())
+    assert len(set(PHASES["swap_ab"].values())) == len(PHASES["swap_ab"])
 
     for m, n in ((1, 8192), (16, 1024), (128, 8192)):
         for whole in (False, True):

@@ -35,13 +35,15 @@ import torch
 
 from tuning.bench import SHAPES, parse_fields
 
+KBLOCKS = 12  # the swapped kernel's per-block stamps (kernels/sm90_parts.py TRACE_BLOCKS)
 PHASES = {  # kind: {name: trace slot} (kernels/gemm_sm90_swap_ab.py, kernels/gemm_sm90.py)
     "swap_ab": {"pdl_wait": 2, "quantized": 3, **{f"kb{i}_ready": 4 + i for i in range(6)}, "k_loop_done": 10,
                 "reduced": 11, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15,
                 "quantizer_start": 16, "own_units_quantized": 17, "epilogue_took_first": 18,
                 "epilogue_stored_first": 19, **{f"quantizer_batch{j}_done": 20 + j for j in range(3)},
-                "quantizer_loads_landed": 23, **{f"kb{i}_wait_began": 24 + i for i in range(12)},
-                **{f"kb{i}_in_smem": 36 + i for i in range(12)}, **{f"kb{i}_requested": 48 + i for i in range(12)}},
+                "quantizer_loads_landed": 23, **{f"kb{i}_wait_began": 24 + i for i in range(KBLOCKS)},
+                **{f"kb{i}_in_smem": 24 + KBLOCKS + i for i in range(KBLOCKS)},
+                **{f"kb{i}_requested": 24 + 2 * KBLOCKS + i for i in range(KBLOCKS)}},
     "native": {"pdl_wait": 2, "producer_pdl_wait": 3, **{f"kb{i}_ready": 4 + i for i in range(6)},
                "k_loop_done": 10, "handed_off": 12, "producer_start": 14, "producer_issued_all": 15},
 }
