@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tuning.bench import _capture, _replay_us
+
 SLICE = 12 * 128 * 128  # bytes a CTA reads
 BOX = 128  # rows (and bytes a row) of a TMA box: one 16 KB K block
 
@@ -70,27 +72,10 @@ def _empty(out):
 
 
 def _graph_time(launches, replays: int = 5) -> float:
-    """us a launch: `launches` (callables) captured in one CUDA graph, median of replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in launches:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in launches:
-            f()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / len(launches))
-    return statistics.median(times)
+    """us a launch: `launches` (callables) captured in one CUDA graph (the bench's capture),
+    median of replays."""
+    graph = _capture(lambda i: launches[i](), len(launches), len(launches))
+    return statistics.median(_replay_us(graph, len(launches)) for _ in range(replays))
 
 
 def measure(path: str, ctas: int, share: int, cold: bool, launches: int = 16) -> dict:
