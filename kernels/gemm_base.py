@@ -92,6 +92,14 @@ class GemmConfig:
     # back by a shuffle (NOTES version 116). Which is faster depends on the tactic: the tuner
     # decides.
     uniform_descriptors: bool = False
+    # fused_act_quant, sm_90a swapped A/B with PDL: before its PDL wait the producer warp asks
+    # the L2 to fetch its share of the first tile's rows of qr (a bulk prefetch a row), so the
+    # quantizer's loads after the wait hit L2 instead of DRAM when qr is not there already.
+    # A prefetch reads nothing into the SM, and the L2 is where the previous grid's writes
+    # land, so it cannot see stale data whatever that grid writes.
+    # Which is faster depends on the shape (H200, 36th session, twins of the tables' tactics:
+    # V4 M = 96 -0.2 us, TP8 M = 32-64 -0.1 to -0.2, V4 M = 32-64 +0.05-0.15): the tuner decides.
+    prefetch_qr: bool = False
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
     # epilogue costs. Never chosen by the tuner.
@@ -155,6 +163,7 @@ class FusedIndexerQGemmBase:
     qr_staging_max_tile: int = 0  # its fused quantizer stages qr by TMA up to this tile_m (GemmConfig.stage_qr)
     orders_scales_before_pdl_wait: bool = False  # implements GemmConfig.scales_before_pdl_wait
     makes_uniform_descriptors: bool = False  # implements GemmConfig.uniform_descriptors
+    prefetches_qr: bool = False  # implements GemmConfig.prefetch_qr
     traces_with_epilogue: bool = False  # GemmConfig.trace also with epilogue=True (stamps after q)
 
     def __init__(self, config: GemmConfig):
@@ -194,6 +203,8 @@ class FusedIndexerQGemmBase:
         if config.scales_before_pdl_wait and not (cls.orders_scales_before_pdl_wait and config.pipelined_promotion
                                                   and config.pdl):
             out.append("scales_before_pdl_wait needs the sm_90a swap_ab kernel with pipelined_promotion and pdl")
+        if config.prefetch_qr and not (cls.prefetches_qr and config.fused_act_quant and config.pdl):
+            out.append("prefetch_qr needs the sm_90a swap_ab kernel with fused_act_quant and pdl")
         if config.uniform_descriptors and not cls.makes_uniform_descriptors:
             out.append("uniform_descriptors needs the sm_90a swap_ab kernel")
         if config.trace and (config.arch != "sm_90a" or (config.epilogue and not cls.traces_with_epilogue)

@@ -70,6 +70,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
     qr_staging_max_tile = QR_TMA_MAX_TILE
     orders_scales_before_pdl_wait = True
     makes_uniform_descriptors = True
+    prefetches_qr = True
     traces_with_epilogue = True
 
     def __init__(self, config: GemmConfig):
@@ -152,6 +153,7 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
         fp8 = w.element_type
         m, k = act.shape
         n = w.shape[0]
+        self.heads = n // epi.HEAD_DIM
         k_tiles = k // bk
         self.k_blocks = k_tiles // self.split_k  # per rank (the split is even)
         kmajor = utils.LayoutEnum.ROW_MAJOR
@@ -248,6 +250,16 @@ class Sm90SwapABFusedIndexerQ(Sm90SwapABLimits, Sm90SwapABKLoops, Sm90SwapABQuan
             if cutlass.const_expr(not self.fused or qr_tma):
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        if cutlass.const_expr(self.config.prefetch_qr):
+            # an idle warp of the producer's warpgroup, before anything waits: off the producer's path
+            if warp_idx == 1:
+                sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
+                                                                   cute.arch.grid_dim())
+                work = sched.initial_work_tile_info()
+                if work.is_valid_tile:
+                    k_first = cta_rank * self.k_blocks if self.split_k > 1 else 0
+                    self._prefetch_first_rows(act, self._m_tile(work.tile_idx) * t, work.tile_idx[1], k_first,
+                                              cute.arch.lane_idx())
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         # A K split's ranks and heads sharing the quantizer each load and release their own

@@ -49,6 +49,8 @@ QUANT_RESERVED_REGS = 64  # a consumer thread's registers kept for addressing wh
 # GemmConfig.stage_qr=False makes tiles up to this size load it too, the buffer's space going
 # to the weight's ring (the tables' choice at V4-Pro M = 9-32 in the 26th session).
 QR_TMA_MAX_TILE = 16
+# GemmConfig.prefetch_qr: a tile's rows split over this many heads' CTAs (row r by head r mod it)
+QR_PREFETCH_GROUPS = 4
 
 
 class Sm90SwapABQuantizer:
@@ -102,6 +104,23 @@ class Sm90SwapABQuantizer:
             cute.arch.mbarrier_arrive_and_expect_tx(qr_full, self.tile_rows * SCALE_BLOCK_K * 2 * self.k_blocks)
         for kb in cutlass.range_constexpr(self.k_blocks):
             cute.copy(tma_q, tQgQ[(None, m_tile, k_begin + kb)], tQsQ[(None, kb)], tma_bar_ptr=qr_full)
+
+    @cute.jit
+    def _prefetch_first_rows(self, qr, row0, head, k_begin, lane):
+        """An idle warp of the producer's warpgroup, before any PDL wait (GemmConfig.prefetch_qr):
+        the L2 fetches rows row0 + r of qr (the rank's K range), r = head mod G, + G, ... (G =
+        QR_PREFETCH_GROUPS heads cover the tile; each CTA asks for its share, so one starting
+        late leaves little undone), one bulk prefetch a row by one lane. A hint only: the rows
+        are read after the wait, from the L2 that the previous grid's writes reach."""
+        groups = min(QR_PREFETCH_GROUPS, self.heads)
+        row_bytes = self.k_blocks * SCALE_BLOCK_K * 2
+        for i in cutlass.range_constexpr((self.tile_rows + 32 * groups - 1) // (32 * groups)):
+            r = (lane + 32 * i) * groups + head % groups
+            if r < self.tile_rows:
+                if row0 + r < qr.shape[0]:
+                    ptr = qr.iterator + cute.crd2idx((row0 + r, k_begin * SCALE_BLOCK_K), qr.layout)
+                    cute.arch.inline_ptx("cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};",
+                                         read_only_args=[ptr, Int32(row_bytes)])
 
     def _wait_for_qr_loads(self):
         """Producer warp: until every quantizer thread of the first tile has issued its

@@ -323,6 +323,27 @@ def test_swap_ab_uniform_descriptors_equal_hoisted(m, n, k, tactic, big_cos_sin)
     _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, uniform_descriptors=False), big_cos_sin)
 
 
+# The first tile's qr rows prefetched into L2 before the PDL wait: a hint, so the same bytes.
+# The V4 tables' head pairs (M = 24: a tile part past M; M = 200: later tiles), a 16-token tile
+# staging qr by TMA, TP8's 8-token tiles split in 4 (each rank its K range), token tiles sharing
+# the weight (the last wholly past M at M = 40), 64 tokens over two token tiles of TP8's heads.
+PREFETCH_CASES = [
+    (m, n, k, Tactic(kind="swap_ab", tile_m=t, split_k=s, cluster_m=w, cluster_n=c, epilogue_warpgroups=2,
+                     fused_act_quant=True, pipelined_promotion=True, act_quant_lanes=4 if t >= 16 else 16,
+                     tensor_core_hadamard=True, prefetch_qr=True))
+    for m, n, k, t, s, w, c in (
+        (24, 8192, 1024, 32, 1, 1, 2), (200, 8192, 1536, 32, 1, 1, 2), (13, 8192, 1536, 16, 1, 1, 2),
+        (7, 1024, 1536, 8, 4, 1, 1), (40, 8192, 1024, 16, 1, 2, 1), (64, 1024, 1536, 32, 1, 1, 1))
+]
+
+
+@pytest.mark.parametrize("m,n,k,tactic", PREFETCH_CASES, ids=lambda c: str(c) if isinstance(c, int) else None)
+def test_swap_ab_qr_prefetch_changes_no_byte(m, n, k, tactic, big_cos_sin):
+    """An L2 prefetch before the PDL wait is a hint: the same bytes as without it."""
+    _needs_sm90()
+    _assert_same_bytes(m, n, k, tactic, dataclasses.replace(tactic, prefetch_qr=False), big_cos_sin)
+
+
 # Reduce-scatter (a split dividing the tile's groups of 8 tokens) against the gathering
 # reduction at the same split: the same summation order over the ranks, each token's column
 # its own, so the same bytes, the tile sizes differing. (M, N, K, gathering tile, scattering

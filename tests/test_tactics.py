@@ -286,3 +286,18 @@ def test_separate_epilogue_tactic():
     assert t in valid_tactics("sm_90a", SEPARATE_EPILOGUE_MIN_M, 8192, 1536)
     assert not any(c.separate_epilogue for c in valid_tactics("sm_90a", SEPARATE_EPILOGUE_MIN_M - 1, 8192, 1536))
     assert not any(c.separate_epilogue for c in valid_tactics("sm_100a", 4096, 8192, 1536))
+
+
+def test_qr_prefetch_is_a_forced_knob_only():
+    """GemmConfig.prefetch_qr runs where the kernel can do it (a forced tactic: the bench's
+    --tactic), is refused elsewhere, and is not offered to the tuner until the tables are
+    re-tuned with it."""
+    for n, k in ((8192, 1536), (1024, 1536)):
+        for m in (1, 24, 64, 96):
+            assert not any(t.prefetch_qr for t in valid_tactics("sm_90a", m, n, k))
+    fused = Tactic(kind="swap_ab", tile_m=32, cluster_n=2, fused_act_quant=True, pipelined_promotion=True,
+                   epilogue_warpgroups=2, prefetch_qr=True)
+    assert can_run("sm_90a", fused, 8192, 1536)
+    assert not can_run("sm_90a", Tactic(kind="swap_ab", tile_m=16, prefetch_qr=True), 8192, 1536)  # not fused
+    assert not can_run("sm_90a", Tactic(kind="native", tile_m=64, prefetch_qr=True), 8192, 1536)
+    assert not can_run("sm_90a", dataclasses.replace(fused, pdl=False), 8192, 1536)
