@@ -92,13 +92,13 @@ class GemmConfig:
     # back by a shuffle (NOTES version 116). Which is faster depends on the tactic: the tuner
     # decides.
     uniform_descriptors: bool = False
-    # fused_act_quant, sm_90a swapped A/B with PDL: before its PDL wait the producer warp asks
-    # the L2 to fetch its share of the first tile's rows of qr (a bulk prefetch a row), so the
-    # quantizer's loads after the wait hit L2 instead of DRAM when qr is not there already.
-    # A prefetch reads nothing into the SM, and the L2 is where the previous grid's writes
-    # land, so it cannot see stale data whatever that grid writes.
-    # Which is faster depends on the shape (H200, 36th session, twins of the tables' tactics:
-    # V4 M = 96 -0.2 us, TP8 M = 32-64 -0.1 to -0.2, V4 M = 32-64 +0.05-0.15): the tuner decides.
+    # fused_act_quant, sm_90a swapped A/B with PDL: at the kernel's start, before any PDL wait,
+    # an idle warp of the producer's warpgroup asks the L2 to fetch the CTA's share of the first
+    # tile's rows of qr (a bulk prefetch a row), so the quantizer's loads after the wait hit L2
+    # instead of DRAM when qr is not there already. A prefetch reads nothing into the SM, and
+    # the L2 is where the previous grid's writes land, so it cannot see stale data whatever
+    # that grid writes. H200, 36th session, twins of the tables' tactics: V4 M = 96 -0.2 us,
+    # TP8 M = 32-64 -0.1 to -0.2, V4 M = 32-64 +0.05-0.15; not offered to the tuner yet.
     prefetch_qr: bool = False
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
