@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from indexer_q import table
-from indexer_q.tactics import Tactic, can_run, heuristic, valid_tactics
+from indexer_q.tactics import PREFETCH_QR_MIN_M, Tactic, can_run, heuristic, valid_tactics
 
 
 def test_tactic_is_frozen_named_and_round_trips():
@@ -128,6 +128,7 @@ def test_uniform_descriptors_are_twins_of_fused_pipelined_tiles():
     for n, k in ((8192, 1536), (8192, 1024), (1024, 1536), (1024, 1024)):
         for m in (1, 16, 24, 64, 256):
             tactics = valid_tactics("sm_90a", m, n, k)
+            tactics = [t for t in tactics if not t.prefetch_qr]  # prefetch_qr's twins: their own test
             uniform = [t for t in tactics if t.uniform_descriptors]
             assert all(t.kind == "swap_ab" and t.fused_act_quant and t.pipelined_promotion and t.tile_m <= 32
                        for t in uniform)
@@ -288,13 +289,22 @@ def test_separate_epilogue_tactic():
     assert not any(c.separate_epilogue for c in valid_tactics("sm_100a", 4096, 8192, 1536))
 
 
-def test_qr_prefetch_is_a_forced_knob_only():
-    """GemmConfig.prefetch_qr runs where the kernel can do it (a forced tactic: the bench's
-    --tactic), is refused elsewhere, and is not offered to the tuner until the tables are
-    re-tuned with it."""
-    for n, k in ((8192, 1536), (1024, 1536)):
-        for m in (1, 24, 64, 96):
-            assert not any(t.prefetch_qr for t in valid_tactics("sm_90a", m, n, k))
+def test_qr_prefetch_twins_from_m24():
+    """GemmConfig.prefetch_qr is offered from PREFETCH_QR_MIN_M on, only as the twin of an
+    offered fused, pipelined, tensor-core-Hadamard, uniform-descriptor swapped tactic; it is
+    refused where the kernel cannot do it."""
+    for n, k in ((8192, 1536), (8192, 1024), (1024, 1536)):
+        for m in (1, 8, 16, 23, 24, 32, 64, 96):
+            tactics = valid_tactics("sm_90a", m, n, k)
+            twins = [t for t in tactics if t.prefetch_qr]
+            if m < PREFETCH_QR_MIN_M:
+                assert not twins, (m, n, k)
+                continue
+            assert twins, (m, n, k)
+            for t in twins:
+                assert t.fused_act_quant and t.pipelined_promotion and t.tensor_core_hadamard and t.uniform_descriptors
+                assert dataclasses.replace(t, prefetch_qr=False) in tactics
+            assert not heuristic("sm_90a", m, n, k).prefetch_qr
     fused = Tactic(kind="swap_ab", tile_m=32, cluster_n=2, fused_act_quant=True, pipelined_promotion=True,
                    epilogue_warpgroups=2, prefetch_qr=True)
     assert can_run("sm_90a", fused, 8192, 1536)

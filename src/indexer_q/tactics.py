@@ -365,10 +365,15 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
         # tiles up to 32 tokens at every head count; the tuner decides.
         swapped += [dataclasses.replace(t, uniform_descriptors=True) for t in swapped
                     if t.fused_act_quant and t.pipelined_promotion and t.tile_m <= 32]
-        # (GemmConfig.prefetch_qr, the first tile's qr rows prefetched into L2 before the PDL wait,
-        # is not offered yet: on the H200 (36th session, twins of the tables' tactics, two runs)
-        # V4 M = 96 -0.1 to -0.2 us and TP8 M = 32-64 -0.05 to -0.2, but V4 M = 32-64 +0.05-0.17;
-        # offer it once the tables are re-tuned with it, NOTES version 128.)
+        # The first tile's qr rows prefetched into L2 before the PDL wait (GemmConfig.prefetch_qr),
+        # twins of the tiles the tables pick from M = 24 (fused, pipelined, tensor-core Hadamard,
+        # uniform descriptors). On the H200 (36th session, forced twins of the tables' tactics,
+        # two runs) V4 M = 96 -0.1 to -0.2 us and TP8 M = 32-64 -0.05 to -0.2, V4 M = 32-64
+        # +0.05-0.17 and M <= 16 +-0.1: offered where it may win, the tuner decides.
+        if m >= PREFETCH_QR_MIN_M:
+            swapped += [dataclasses.replace(t, prefetch_qr=True) for t in swapped
+                        if t.fused_act_quant and t.pipelined_promotion and t.tensor_core_hadamard
+                        and t.uniform_descriptors]
         cands += swapped
         cands.append(Tactic(kind="swap_ab", tile_m=128))  # sm_100a's token tile (whole SF atoms)
     for t in cands:
@@ -381,6 +386,7 @@ def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> 
 # and pass over y cost more (H200, 16th session: 15-50% slower than the fused op at M = 512).
 SEPARATE_EPILOGUE_MIN_M = 1024
 PACED_NATIVE_MAX_M = 512  # native tactics with loads_in_flight are offered up to here (decode and small batches)
+PREFETCH_QR_MIN_M = 24  # prefetch_qr twins are offered from here (below, +-0.1 us: noise)
 SM90_SMS = 132  # H100 / H200 SXM: the default where the caller does not give the GPU's count
 
 
