@@ -28,7 +28,9 @@ specs=("tile_m=64" "tile_m=128" "tile_m=128,cluster_m=2" "tile_m=128,cluster_n=2
        "tile_m=64,epilogue_warpgroups=2,tensor_core_hadamard=True,pipelined_promotion=True,loads_in_flight=3"
        "kind=swap_ab,tile_m=32,cluster_n=2,epilogue_warpgroups=2,fused_act_quant=True,pipelined_promotion=True,act_quant_lanes=4,scales_before_pdl_wait=True"
        "kind=swap_ab,tile_m=16,epilogue_warpgroups=2,fused_act_quant=True,pipelined_promotion=True,act_quant_lanes=4,tensor_core_hadamard=True,uniform_descriptors=True"
-       "kind=swap_ab,tile_m=8,split_k=4,epilogue_warpgroups=2,fused_act_quant=True,pipelined_promotion=True,uniform_descriptors=True")
+       "kind=swap_ab,tile_m=8,split_k=4,epilogue_warpgroups=2,fused_act_quant=True,pipelined_promotion=True,uniform_descriptors=True"
+       "kind=swap_ab,tile_m=32,cluster_n=2,epilogue_warpgroups=2,fused_act_quant=True,pipelined_promotion=True,act_quant_lanes=4,tensor_core_hadamard=True,uniform_descriptors=True,prefetch_qr=True"
+       "kind=swap_ab,tile_m=8,split_k=2,epilogue_warpgroups=2,fused_act_quant=True,pipelined_promotion=True,tensor_core_hadamard=True,uniform_descriptors=True,prefetch_qr=True")
 [ -n "${SANITIZE_SPECS:-}" ] && read -ra specs <<< "$SANITIZE_SPECS"  # e.g. "tile_m=64,split_k=2 tile_m=64"
 for spec in "${specs[@]}"; do
   for m in 1 130; do cases+=("$m:1024:1024:$spec"); done
