@@ -98,7 +98,7 @@ class GemmConfig:
     # instead of DRAM when qr is not there already. A prefetch reads nothing into the SM, and
     # the L2 is where the previous grid's writes land, so it cannot see stale data whatever
     # that grid writes. H200, 36th session, twins of the tables' tactics: V4 M = 96 -0.2 us,
-    # TP8 M = 32-64 -0.1 to -0.2, V4 M = 32-64 +0.05-0.15; not offered to the tuner yet.
+    # TP8 M = 32-64 -0.1 to -0.2, V4 M = 32-64 +0.05-0.15: the tuner decides, from M = 24.
     prefetch_qr: bool = False
     # False builds a profiling probe: the full mainloop and the bf16 handoff, but the
     # epilogue warpgroup only takes each tile and writes nothing, so it measures what the
