@@ -239,6 +239,12 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
     for name, tac in (tactics or {}).items():
         calls[f"fused[{name}]_us"] = lambda i, t=tac: fused(i, t)
     calls["act_quant_us"] = lambda i: indexer_q.quantize_act_fp8(sets[i]["qr"])
+    # The op on qr quantized already (qr_scale): what an engine that quantizes qr for the
+    # attention's own wq_b GEMM runs; its inputs are DeepGEMM's GEMM's (quantized outside the timing).
+    quantized = _per_set(lambda x: indexer_q.quantize_act_fp8(x["qr"]), sets, warm_activations, lambda a, x: a)
+    calls["fused_fp8_qr_us"] = lambda i: indexer_q.fused_indexer_q(
+        quantized[i][0], weights[i], sets[i]["positions"], sets[i]["cos_sin"], hadamard=hadamard,
+        out_format=out_format, qr_scale=quantized[i][1])
     if peers:
         # cuBLAS's block-scaled GEMM rejects M that is not a multiple of 4 on the H200 (1, 2,
         # 3, 13, ...). An engine then pads the tokens, so the peers run there on inputs
@@ -308,6 +314,8 @@ def bench_shape(m, n, k, bw, *, hadamard=True, out_format="mxfp4", tactics=None,
     for peer in ("cublas_gemm", "unfused", "deepgemm_gemm", "deepgemm_chain", "torch"):
         if f"{peer}_us" in row:
             row[f"fused_over_{peer}"] = row["fused_us"] / row[f"{peer}_us"]
+    if "deepgemm_gemm_us" in row:
+        row["fused_fp8_qr_over_deepgemm_gemm"] = row["fused_fp8_qr_us"] / row["deepgemm_gemm_us"]
     row["fused_over_floor"] = row["fused_us"] / row["floor_us"]
     return row
 
@@ -419,9 +427,11 @@ def write_outputs(env, rows, stem: Path, plots=True):
              f"always run on the real M. \"unfused\" is the chain with cuBLAS, \"DeepGEMM chain\" the same "
              f"chain with DeepGEMM's GEMM (plus the activation scale's relayout it needs).", "",
              tactics_sentence(env), "",
+             "\"fused, fp8 qr\" is the op given qr quantized already (`qr_scale`: the inputs DeepGEMM's GEMM "
+             "takes); its ratio is to DeepGEMM's GEMM alone.", "",
              "| shape | format | M | fused | unfused | DeepGEMM chain | cuBLAS GEMM | DeepGEMM GEMM | torch | floor "
-             "| /unfused | /DeepGEMM chain | /cuBLAS | /DeepGEMM GEMM | /floor |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| /unfused | /DeepGEMM chain | /cuBLAS | /DeepGEMM GEMM | /floor | fused, fp8 qr | fp8 qr /DeepGEMM GEMM |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def fmt(r, k, d=1):
         return f"{r[k]:.{d}f}" if k in r else "-"
@@ -433,7 +443,8 @@ def write_outputs(env, rows, stem: Path, plots=True):
                      f"{fmt(r, 'torch_us')} | {fmt(r, 'floor_us')} | "
                      f"{fmt(r, 'fused_over_unfused', 2)} | {fmt(r, 'fused_over_deepgemm_chain', 2)} | "
                      f"{fmt(r, 'fused_over_cublas_gemm', 2)} | {fmt(r, 'fused_over_deepgemm_gemm', 2)} | "
-                     f"{fmt(r, 'fused_over_floor', 2)} |")
+                     f"{fmt(r, 'fused_over_floor', 2)} | {fmt(r, 'fused_fp8_qr_us')} | "
+                     f"{fmt(r, 'fused_fp8_qr_over_deepgemm_gemm', 2)} |")
     lines += forced_lines(rows)
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     if plots:
@@ -465,11 +476,11 @@ def plot(rows, stem: Path):
     import matplotlib.pyplot as plt
 
     shapes = sorted({(r["shape"], r["out_format"]) for r in rows})
-    contenders = [("fused_us", "fused op"), ("unfused_us", "unfused chain (act-quant + cuBLAS + Triton)"),
+    contenders = [("fused_us", "fused op"), ("fused_fp8_qr_us", "fused op, fp8 qr in (qr_scale)"), ("unfused_us", "unfused chain (act-quant + cuBLAS + Triton)"),
                   ("deepgemm_chain_us", "unfused chain (act-quant + relayout + DeepGEMM + Triton)"),
                   ("cublas_gemm_us", "cuBLAS GEMM alone"), ("deepgemm_gemm_us", "DeepGEMM GEMM alone"),
                   ("torch_us", "plain torch"), ("floor_us", "floor")]
-    peers = [c for c in contenders if c[0] not in ("fused_us", "floor_us")]
+    peers = [c for c in contenders if c[0] not in ("fused_us", "fused_fp8_qr_us", "floor_us")]
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
     for ax, (shape, fmt_) in zip(axes[0], shapes):
         rs = sorted((r for r in rows if r["shape"] == shape and r["out_format"] == fmt_), key=lambda r: r["M"])

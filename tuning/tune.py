@@ -14,6 +14,11 @@ src/indexer_q/tables/<GPU>.json (the default --out; commit it with the sources i
 merged from); `--install` puts a table into this user's data directory
 ($XDG_DATA_HOME/indexer_q/tables/<GPU>.json, default ~/.local/share/...), which calls use
 before the packaged one, merged with the installed entries of other (N, K).
+
+`--quantized-input` tunes for qr passed already quantized (fused_indexer_q's qr_scale): the
+candidates are the twins without the fused quantizer, the buckets those of the swapped-A/B
+range (above it no candidate quantizes qr, so the bf16 qr's entries hold), and the table's
+entries carry "qr": "fp8" beside the bf16 qr's.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ import torch
 import indexer_q
 from indexer_q import reference as ref
 from indexer_q import table
-from indexer_q.tactics import Tactic, heuristic, valid_tactics
+from indexer_q.tactics import SWAP_AB_MAX_M, Tactic, heuristic, valid_tactics
 from indexer_q.testing import fp4_signed_codes, make_inputs
 
 MODELS = {"v4-pro": 1536, "v4-flash": 1024}  # K; N = 8192 / TP
@@ -48,9 +53,10 @@ class Checker:
     bytes agree less than MIN_SCALES_EQUAL); the inputs and the reference's answer are made
     once per table."""
 
-    def __init__(self, n, k):
+    def __init__(self, n, k, quantized_input=False):
         self.x = make_inputs(CHECK_M, n, k, p=4096, seed=CHECK_M, device="cuda")
         self.w = indexer_q.prepare_weights(self.x["weight"], self.x["weight_scale"])
+        self.quantized = indexer_q.quantize_act_fp8(self.x["qr"]) if quantized_input else None
         x = self.x
         rq, rs = ref.fused_indexer_q(x["qr"], x["weight"], x["weight_scale"], x["positions"], x["cos_sin"],
                                      hadamard=True)
@@ -58,23 +64,32 @@ class Checker:
 
     def __call__(self, tactic) -> float:
         x = self.x
-        q, s = indexer_q.fused_indexer_q(x["qr"], self.w, x["positions"], x["cos_sin"], hadamard=True,
-                                         tactic=tactic)
+        q, s = indexer_q.fused_indexer_q(*_qr(x, self.quantized), self.w, x["positions"], x["cos_sin"],
+                                         hadamard=True, tactic=tactic, **_qr_scale(self.quantized))
         if (s.view(torch.uint8) == self.ref_scales).double().mean().item() < MIN_SCALES_EQUAL:
             return 0.0
         return (fp4_signed_codes(q) == self.ref_codes).double().mean().item()
 
 
-def time_tactics(tactics, sets, weights) -> dict:
+def _qr(x, quantized) -> tuple:
+    return (x["qr"],) if quantized is None else (quantized[0],)
+
+
+def _qr_scale(quantized) -> dict:
+    return {} if quantized is None else {"qr_scale": quantized[1]}
+
+
+def time_tactics(tactics, sets, weights, quantized=None) -> dict:
     """Microseconds per call of each tactic, their graph replays interleaved as in the
     benchmark: timed one after another, a tactic's place in line moved its time by up to
     8% on the H200 (clocks and power settle over a sweep), more than the 3% the choice
-    below calls noise."""
+    below calls noise. `quantized`: each set's qr quantized (the op is then given those)."""
     from tuning.bench import time_graphs
 
     def call(tactic):
-        return lambda i: indexer_q.fused_indexer_q(sets[i]["qr"], weights[i], sets[i]["positions"],
-                                                   sets[i]["cos_sin"], hadamard=True, tactic=tactic)
+        return lambda i: indexer_q.fused_indexer_q(
+            *_qr(sets[i], quantized and quantized[i]), weights[i], sets[i]["positions"], sets[i]["cos_sin"],
+            hadamard=True, tactic=tactic, **_qr_scale(quantized and quantized[i]))
 
     return time_graphs({t: call(t) for t in tactics}, len(sets), replays=7)
 
@@ -136,7 +151,9 @@ def rechoose(path, arch="sm_90a") -> Path:
     entries = []
     for e in doc["entries"]:
         measured = {tactic_of_key(t, defaults): us for t, us in timings[str(e["m_max"])].items()}
-        entries.append(e | {"tactic": choose(measured, heuristic(arch, e["m_max"], e["n"], e["k"], sms=sms))})
+        default = heuristic(arch, e["m_max"], e["n"], e["k"], sms=sms,
+                            quantized_input=table.entry_qr(e) == table.QR_FP8)
+        entries.append(e | {"tactic": choose(measured, default)})
     table.write_table(Path(path), doc["metadata"], entries)
     return Path(path)
 
@@ -153,15 +170,16 @@ def _clear_change(ra, rb) -> bool:
 CHECK_M = 1000  # rows per correctness check: partial tiles for both tile sizes
 
 
-def profile(m, n, k, arch, log, checked: dict, checker, sms=None) -> tuple:
+def profile(m, n, k, arch, log, checked: dict, checker, sms=None, quantized_input=False) -> tuple:
     """Time every valid tactic at M; each is checked against the reference (once per
     table, at CHECK_M tokens, before its first timing) and dropped if it disagrees."""
     from tuning.bench import cold_input_sets, n_cold_sets
 
     sets = cold_input_sets(m, n, k, n_cold_sets(m, n, k))
     weights = [indexer_q.prepare_weights(x["weight"], x["weight_scale"]) for x in sets]
+    quantized = [indexer_q.quantize_act_fp8(x["qr"]) for x in sets] if quantized_input else None
     passed = []
-    for tactic in valid_tactics(arch, m, n, k, sms):
+    for tactic in valid_tactics(arch, m, n, k, sms, quantized_input):
         if tactic not in checked:
             try:
                 checked[tactic] = checker(tactic)
@@ -172,8 +190,8 @@ def profile(m, n, k, arch, log, checked: dict, checker, sms=None) -> tuple:
             log(f"  {tactic}: REJECTED, {checked[tactic]:.5f} codes equal")
             continue
         passed.append(tactic)
-    timings = time_tactics(passed, sets, weights)
-    winner = choose(timings, heuristic(arch, m, n, k, sms=sms))
+    timings = time_tactics(passed, sets, weights, quantized)
+    winner = choose(timings, heuristic(arch, m, n, k, sms=sms, quantized_input=quantized_input))
     return winner, timings
 
 
@@ -214,23 +232,28 @@ def _kept_outside(path, m_min: int | None, m_max: int | None, meta: dict, n: int
 
 
 def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=print, m_max=None,
-         m_min=None) -> Path:
+         m_min=None, quantized_input=False) -> Path:
     """Tune every bucket, or (m_min, m_max) only those above m_min and up to m_max, keeping
-    the entries outside from the table at `out` (or the default path)."""
+    the entries outside from the table at `out` (or the default path). `quantized_input`:
+    for qr passed quantized, the swapped-A/B range's buckets (see the module's doc)."""
     k = MODELS[model]
     n = 8192 // tp
     results = {}
     checked: dict = {}
     gpu_meta = table.metadata()
     stem = table.table_file_name(gpu_meta["gpu"]).removesuffix(".json")
-    path = Path(out) if out else TABLES / f"{stem}_{model}_tp{tp}.json"
+    qr_tag = "_fp8qr" if quantized_input else ""
+    path = Path(out) if out else TABLES / f"{stem}_{model}_tp{tp}{qr_tag}.json"
+    if quantized_input:
+        buckets = [m for m in buckets if m <= SWAP_AB_MAX_M]
     kept, kept_timings, kept_checks = [], {}, {}
     if m_max is not None or m_min is not None:
         kept, kept_timings, kept_checks = _kept_outside(path, m_min, m_max, gpu_meta, n, k)
         buckets = [m for m in buckets if _retuned(m, m_min, m_max)]
     sms = gpu_meta["sms"]  # this GPU's: the heuristic and the candidates depend on it
-    precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k, sms)}, key=repr), n, k, arch)
-    checker = Checker(n, k)
+    precompile(sorted({t for m in buckets for t in valid_tactics(arch, m, n, k, sms, quantized_input)}, key=repr),
+               n, k, arch)
+    checker = Checker(n, k, quantized_input)
     refined = 0
     todo = list(buckets)
     done = 0
@@ -238,7 +261,7 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
         m = todo.pop(0)
         done += 1
         sys.stderr.write(f"\r[tune {model} tp{tp}] M={m:<6} ({done} profiled, {len(todo)} queued)   ")
-        results[m] = profile(m, n, k, arch, log, checked, checker, sms)
+        results[m] = profile(m, n, k, arch, log, checked, checker, sms, quantized_input)
         ms = sorted(results)
         for a, b in zip(ms, ms[1:]):  # refine where the winner changes by more than noise
             mid = (a + b) // 2
@@ -247,9 +270,10 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
                 todo.append(mid)
                 refined += 1
     sys.stderr.write("\n")
-    entries = [{"n": n, "k": k, "m_max": m, "tactic": results[m][0]} for m in sorted(results)] + kept
+    qr = {"qr": table.QR_FP8} if quantized_input else {}
+    entries = [{"n": n, "k": k, "m_max": m, **qr, "tactic": results[m][0]} for m in sorted(results)] + kept
     timings = {str(m): {t.spec(): round(us, 3) for t, us in tt.items()} for m, (_, tt) in results.items()}
-    meta = gpu_meta | {"model": model, "tp": tp, "checked_at_m": CHECK_M,
+    meta = gpu_meta | qr | {"model": model, "tp": tp, "checked_at_m": CHECK_M,
                        "tactic_defaults": Tactic().as_dict(),  # what the timing keys' specs leave out
                        "codes_equal": kept_checks | {t.spec(): round(a, 6) for t, a in checked.items()},
                        "timings_us": dict(sorted((timings | kept_timings).items(), key=lambda kv: int(kv[0])))}
@@ -263,7 +287,7 @@ def tune(model: str, tp: int, out=None, buckets=BUCKETS, arch="sm_90a", log=prin
 
 
 def merge(paths, out=None) -> Path:
-    """One table for a GPU from per-(model, TP) tables: their entries (distinct (N, K)),
+    """One table for a GPU from per-(model, TP) tables: their entries (distinct (N, K) and qr form),
     under metadata they all share (the per-run details stay in the sources). `out`
     defaults to the package's table for that GPU, src/indexer_q/tables/<GPU>.json."""
     tables = [json.loads(Path(p).read_text()) for p in paths]
@@ -276,9 +300,9 @@ def merge(paths, out=None) -> Path:
     seen = set()
     entries = []
     for p, t in zip(paths, tables):
-        shapes = {(e["n"], e["k"]) for e in t["entries"]}
+        shapes = {table.entry_shape(e) for e in t["entries"]}
         if shapes & seen:
-            raise SystemExit(f"{p}: (N, K) {sorted(shapes & seen)} already in another table")
+            raise SystemExit(f"{p}: (N, K, qr) {sorted(shapes & seen)} already in another table")
         seen |= shapes
         entries += t["entries"]
     out = Path(out) if out else PACKAGED / table.table_file_name(meta["gpu"])
@@ -301,6 +325,9 @@ def main(argv=None):
                          "the entries up to it from the table at --out, as --m-max does")
     ap.add_argument("--rechoose", nargs="+", metavar="TABLE",
                     help="re-derive these tables' entries from their recorded timings (no GPU)")
+    ap.add_argument("--quantized-input", action="store_true",
+                    help="tune for qr passed quantized (fused_indexer_q's qr_scale), M up to the swapped-A/B "
+                         "range; default --out: tuning/tables/<GPU>_<model>_tp<TP>_fp8qr.json")
     ap.add_argument("--merge", nargs="+", metavar="TABLE",
                     help="merge these per-(model, TP) tables into one per GPU instead of tuning "
                          "(no GPU needed); --out defaults to the packaged table, "
@@ -328,7 +355,8 @@ def main(argv=None):
         if not torch.cuda.is_available():
             print("indexer-q tune needs a CUDA GPU", file=sys.stderr)
             return 2
-        path = tune(args.model, args.tp, args.out, m_max=args.m_max, m_min=args.m_min)
+        path = tune(args.model, args.tp, args.out, m_max=args.m_max, m_min=args.m_min,
+                    quantized_input=args.quantized_input)
     if args.install is not None:
         print(f"installed {path} as {table.install_table(path)}")
     return 0

@@ -34,9 +34,14 @@ def prepare_weights(weight, weight_scale, *, arch: Optional[str] = None) -> Inde
 
 
 def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamard: bool = False,
-                    fp4_rounding: str = "floor-ties", out_format: str = "mxfp4", tactic=None):
+                    fp4_rounding: str = "floor-ties", out_format: str = "mxfp4", tactic=None, qr_scale=None):
     """The fused op of SPEC.md on a CUDA GPU: FP8 activation quantization, block-scaled
     GEMM, RoPE, optional Hadamard, MXFP4 (or FP8) quantization, in one kernel.
+
+    qr: bf16 [T, K]; or, with qr_scale, the activation already quantized by SPEC step 1:
+    float8_e4m3fn [T, K] and qr_scale float32 [T, K/128], as quantize_act_fp8 returns them
+    (an engine whose attention quantizes the same qr for its own wq_b GEMM can pass that
+    copy; sm_90a only). The outputs are then those of the bf16 qr that quantizes to it.
 
     Returns (q_fp4 uint8 [T, H, 64], q_scale int32 [T, H]) for out_format="mxfp4",
     (q_fp8 float8_e4m3fn [T, H, 128], q_scale float32 [T, H]) for "fp8",
@@ -57,18 +62,18 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
         q, q_scale = torch.ops.indexer_q.fused_indexer_q(
             qr, weights.weight.view(torch.uint8), weights.weight_scale, positions, cos_sin, hadamard,
             fp4_rounding, out_format, dispatch.tactic_json(tactic), weights.arch or "",
-            weights.extras.get("sf_atoms"))
+            weights.extras.get("sf_atoms"), qr_scale)
         return q, (q_scale if out_format in SCALED_FORMATS else None)
     # Eager (and CUDA graph capture): checked here, then launched directly. The custom
     # op's dispatch would add host time per call, and its first call imports torch's
     # compiler stack (seconds), which an eager caller never needs.
-    t = check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format)
+    t = check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format, qr_scale)
     if t == 0:
         from .reference import empty_outputs
 
         return empty_outputs(0, weights.heads, out_format, qr.device)
     return dispatch.run_fused(qr, weights, positions, cos_sin, hadamard=hadamard, fp4_rounding=fp4_rounding,
-                              out_format=out_format, tactic=tactic, verified_only=False)
+                              out_format=out_format, tactic=tactic, verified_only=False, qr_scale=qr_scale)
 
 
 def _tactic_field(tactic, name, default):

@@ -23,6 +23,10 @@ from .tactics import ARCHES_WITH_KERNELS as FUSED_KERNELS  # arches with a fused
 # a Hopper engine runs (the SPEC's float64 criterion is out of reach for any Hopper FP8
 # GEMM, see tests/test_kernel_sm90.py::test_fused_fp8_equals_the_hopper_chain).
 VERIFIED_FORMATS = {"sm_90a": ("mxfp4", "fp8", "fp8-unscaled", "bf16")}
+# Arches whose kernels take qr already quantized (qr_scale given): the sm_90a kernels read
+# step 1's e4m3 bytes and float32 scales as the separate quantizer writes them; sm_100a's
+# read its scale-factor atom layout, which only its own quantizer writes.
+QUANTIZED_INPUT_ARCHES = ("sm_90a",)
 
 
 # Per-call fast path: (arch, tactic, numerics, N, K) -> compiled kernel, so a call after
@@ -30,13 +34,16 @@ VERIFIED_FORMATS = {"sm_90a": ("mxfp4", "fp8", "fp8-unscaled", "bf16")}
 _FUSED: dict = {}
 
 
-def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
+def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None, quantized_input: bool = False):
     """An explicit tactic (Tactic or dict), else the tuned table's, else the heuristic.
     Explicit tactics that cannot run at this N raise InvalidInputError (a table's such
     entries are dropped when the table is read, see table._usable_table; the kernel's own
-    limits are checked when it is built, see jit.compile_fused)."""
+    limits are checked when it is built, see jit.compile_fused). `quantized_input`: qr comes
+    quantized, so an explicit tactic must not quantize it (fused_act_quant); the table's
+    entries tuned for it are used, else the bf16 qr's choice's twin that reads it
+    (tactics.for_quantized_input)."""
     from . import table
-    from .tactics import Tactic, heuristic
+    from .tactics import Tactic, for_quantized_input, heuristic
     from .validate import MAX_INDEX, fail
 
     # the two-kernel tactic's bf16 y [M, N] is the widest tensor any kernel walks, and the
@@ -48,11 +55,16 @@ def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None):
         if tactic.separate_epilogue and y_too_large:
             problems.append(f"separate_epilogue at M = {m}, N = {n}: its bf16 output needs offsets past 32 bits "
                             f"(at most {MAX_INDEX // (n // 2)} tokens)")
+        if quantized_input and tactic.fused_act_quant:
+            problems.append("fused_act_quant quantizes a bf16 qr, and qr_scale says qr is quantized already")
         if problems:
             fail("tactic", f"a tactic that can run at N = {n}", "; ".join(problems))
         return tactic
-    chosen = table.lookup(m, n, k, device) or heuristic(
-        arch, m, n, k, sms=_sm_count(device) if getattr(device, "type", None) == "cuda" else None)
+    sms = _sm_count(device) if getattr(device, "type", None) == "cuda" else None
+    chosen = quantized_input and table.lookup(m, n, k, device, quantized_input=True)
+    chosen = chosen or table.lookup(m, n, k, device) or heuristic(arch, m, n, k, sms=sms)
+    if quantized_input:  # (an entry tuned for it is its own twin)
+        chosen = for_quantized_input(arch, chosen, m, n, k, sms=sms)
     if chosen.separate_epilogue and y_too_large:  # the same tactic fused: the same bytes
         chosen = dataclasses.replace(chosen, separate_epilogue=False)
     return chosen
@@ -84,9 +96,10 @@ def _arch_of(device):
     return detect_arch(device)
 
 
-def check_available(arch, out_format) -> None:
+def check_available(arch, out_format, quantized_input: bool = False) -> None:
     """Raise KernelUnavailableError unless a fused kernel for `arch` exists and its
-    `out_format` output has been verified on hardware."""
+    `out_format` output has been verified on hardware (and, for a quantized qr, the arch's
+    kernels take one)."""
     if arch not in FUSED_KERNELS:
         raise KernelUnavailableError(
             f"fused_indexer_q: no fused kernel is built for {arch} yet "
@@ -97,6 +110,16 @@ def check_available(arch, out_format) -> None:
             f"fused_indexer_q: out_format={out_format!r} is not verified on {arch} yet "
             f"(verified: {', '.join(VERIFIED_FORMATS.get(arch, ())) or 'none'}); "
             "indexer_q.reference.fused_indexer_q computes it")
+    if quantized_input:
+        check_quantized_input(arch)
+
+
+def check_quantized_input(arch) -> None:
+    """Raise KernelUnavailableError unless `arch`'s kernels take a quantized qr."""
+    if arch not in QUANTIZED_INPUT_ARCHES:
+        raise KernelUnavailableError(
+            f"fused_indexer_q: a quantized qr (qr_scale given) is taken on {', '.join(QUANTIZED_INPUT_ARCHES)} "
+            f"only, not {arch}; pass the bf16 qr")
 
 
 def tactic_json(tactic) -> str:
@@ -113,8 +136,9 @@ def tactic_json(tactic) -> str:
 
 
 def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_format, tactic=None,
-              out=None, verified_only=True, act_out=None):
+              out=None, verified_only=True, act_out=None, qr_scale=None):
     """Launch on already-validated inputs; returns (q, q_scale) as api.fused_indexer_q documents.
+    `qr_scale`: qr is SPEC step 1's e4m3 output and these its float32 scales (no quantizer runs);
     `out`: preallocated (q, q_scale) of the right dtype/shape (tests poison them);
     `act_out`: the same for the quantized activation and its scales (tests poison them:
     with PDL the GEMM may start before the quantizer has written them);
@@ -124,9 +148,12 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
     arch = weights.arch
     t, k = qr.shape
     n, heads = weights.n, weights.heads
+    quantized_input = qr_scale is not None
     if verified_only:
-        check_available(arch, out_format)
-    tactic = choose_tactic(arch, qr.device, t, n, k, tactic)
+        check_available(arch, out_format, quantized_input)
+    elif quantized_input:
+        check_quantized_input(arch)
+    tactic = choose_tactic(arch, qr.device, t, n, k, tactic, quantized_input)
     sms = _sm_count(qr.device)  # the persistent grid's size: part of the compile key
     key = (arch, tactic, hadamard, fp4_rounding, out_format, positions.dtype, n, k, sms)
     kernels = _FUSED.get(key)
@@ -138,7 +165,9 @@ def run_fused(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding, out_fo
                    if tactic.separate_epilogue else None)
         kernels = _FUSED.setdefault(key, kernels)
     kernel, row_epilogue = kernels
-    if tactic.fused_act_quant:  # the kernel quantizes qr itself: one launch
+    if quantized_input:  # the caller's step 1 output: the GEMM's own launch only
+        operands = _operands(arch, qr, qr_scale, weights)
+    elif tactic.fused_act_quant:  # the kernel quantizes qr itself: one launch
         operands = (qr, weights.weight, weights.weight_scale)
     elif arch == "sm_100a":  # the quantizer writes the GEMM's scale-factor layout itself
         operands = _operands(arch, *run_act_quant_sf(qr, act_out), weights)

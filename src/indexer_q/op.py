@@ -27,11 +27,13 @@ def fused_indexer_q_op(
     tactic: str,
     arch: str,
     weight_sf_atoms: torch.Tensor | None = None,
+    qr_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, q_scale); for out_format="fp8-unscaled" and "bf16" q_scale is an empty
     placeholder that the api turns into None. `tactic` is a Tactic as JSON, or "" for the default choice;
     `arch` is IndexerQWeights.arch (the arch the weights were prepared for);
-    `weight_sf_atoms` is the sm_100a kernel's weight scale layout (IndexerQWeights.extras).
+    `weight_sf_atoms` is the sm_100a kernel's weight scale layout (IndexerQWeights.extras);
+    `qr_scale`: qr is quantized already (see indexer_q.fused_indexer_q).
     The FP8 weight travels as its uint8 bytes: torch's own op checks (opcheck's schema
     test) compare inputs with allclose, which has no float8 kernel."""
     from . import dispatch
@@ -46,13 +48,14 @@ def fused_indexer_q_op(
                               extras={} if weight_sf_atoms is None else {"sf_atoms": weight_sf_atoms})
     # Every check of an eager call, when the op runs (the api cannot read pointers or
     # the device while torch.compile traces).
-    if check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format) == 0:
+    if check_call(qr, weights, positions, cos_sin, hadamard, fp4_rounding, out_format, qr_scale) == 0:
         q, q_scale = empty_outputs(0, weights.heads, out_format, qr.device)
         return q, (q_scale if q_scale is not None else torch.empty(0, dtype=torch.float32, device=qr.device))
     q, q_scale = dispatch.run_fused(qr, weights, positions, cos_sin, hadamard=hadamard,
                                     fp4_rounding=fp4_rounding, out_format=out_format,
                                     tactic=json.loads(tactic) if tactic else None,
-                                    verified_only=False)  # check_call checked availability
+                                    verified_only=False,  # check_call checked availability
+                                    qr_scale=qr_scale)
     if q_scale is None:
         q_scale = torch.empty(0, dtype=torch.float32, device=q.device)
     return q, q_scale
@@ -60,7 +63,7 @@ def fused_indexer_q_op(
 
 @fused_indexer_q_op.register_fake
 def _(qr, weight_bytes, weight_scale, positions, cos_sin, hadamard, fp4_rounding, out_format, tactic, arch,
-      weight_sf_atoms=None):
+      weight_sf_atoms=None, qr_scale=None):
     from .validate import check_options
 
     check_options(hadamard, fp4_rounding, out_format)  # what tracing can check: options, shapes

@@ -308,10 +308,11 @@ def empty_outputs(t: int, heads: int, out_format: str, device):
 # the whole op
 # ----------------------------------------------------------------------------------
 def fused_indexer_q(qr, weight, weight_scale, positions, cos_sin, *, hadamard=False,
-                    fp4_rounding="floor-ties", out_format="mxfp4", validate=True):
+                    fp4_rounding="floor-ties", out_format="mxfp4", validate=True, qr_scale=None):
     """The whole SPEC.md op composed of the step functions, on any device.
     validate=False skips the input checks (they read values back to the host, which a
-    CUDA graph capture does not allow); the benchmark's torch peer uses it.
+    CUDA graph capture does not allow); the benchmark's torch peer uses it. qr_scale: qr
+    is step 1's output already (float8_e4m3fn [T, K], qr_scale float32 [T, K/128]).
 
     Returns (q_fp4 uint8 [T, H, 64], q_scale int32 [T, H]) for "mxfp4",
     (q_fp8 [T, H, 128], q_scale float32 [T, H]) for "fp8",
@@ -319,10 +320,10 @@ def fused_indexer_q(qr, weight, weight_scale, positions, cos_sin, *, hadamard=Fa
     (q bf16 [T, H, 128], None) for "bf16" (steps 3-4's result, unquantized)."""
     if validate:
         V.check_problem(qr, weight, weight_scale, positions, cos_sin, hadamard=hadamard,
-                        fp4_rounding=fp4_rounding, out_format=out_format)
+                        fp4_rounding=fp4_rounding, out_format=out_format, qr_scale=qr_scale)
     if qr.shape[0] == 0:
         return empty_outputs(0, weight.shape[0] // V.HEAD_DIM, out_format, qr.device)
-    q = bf16_pipeline(qr, weight, weight_scale, positions, cos_sin, hadamard=hadamard)
+    q = bf16_pipeline(qr, weight, weight_scale, positions, cos_sin, hadamard=hadamard, qr_scale=qr_scale)
     return output_format(q, out_format, fp4_rounding)
 
 
@@ -338,9 +339,10 @@ def output_format(q: torch.Tensor, out_format: str, fp4_rounding: str = "floor-t
     return quantize_fp8_unscaled(q), None
 
 
-def bf16_pipeline(qr, weight, weight_scale, positions, cos_sin, *, hadamard=False):
-    """Steps 1-4: the bf16 q [T, H, 128] that step 5/6 quantizes."""
-    a, sa = quantize_act_fp8(qr)
+def bf16_pipeline(qr, weight, weight_scale, positions, cos_sin, *, hadamard=False, qr_scale=None):
+    """Steps 1-4 (2-4 where qr_scale says qr is step 1's output): the bf16 q [T, H, 128]
+    that step 5/6 quantizes."""
+    a, sa = quantize_act_fp8(qr) if qr_scale is None else (qr, qr_scale)
     q = block_scaled_gemm(a, sa, weight, weight_scale)
     q = q.reshape(q.shape[0], -1, V.HEAD_DIM)
     q = apply_rope(q, positions, cos_sin)

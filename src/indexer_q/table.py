@@ -179,9 +179,24 @@ def load_table(path) -> dict:
     return table
 
 
-def pick(table: dict, m: int, n: int, k: int):
+# An entry's "qr": the activation the tactic was tuned for. Entries without it are for the bf16
+# qr (the op quantizes it); "fp8" entries for qr passed quantized (fused_indexer_q's qr_scale).
+QR_BF16, QR_FP8 = "bf16", "fp8"
+
+
+def entry_qr(e: dict) -> str:
+    return e.get("qr", QR_BF16)
+
+
+def entry_shape(e: dict) -> tuple:
+    """What an entry's M buckets are keyed by: (N, K, the activation's form)."""
+    return e["n"], e["k"], entry_qr(e)
+
+
+def pick(table: dict, m: int, n: int, k: int, quantized_input: bool = False):
     """The table's tactic for M tokens at (N, K), or None if (N, K) is not in it."""
-    rows = [e for e in table["entries"] if e["n"] == n and e["k"] == k]
+    qr = QR_FP8 if quantized_input else QR_BF16
+    rows = [e for e in table["entries"] if e["n"] == n and e["k"] == k and entry_qr(e) == qr]
     if not rows:
         return None
     for e in rows:  # sorted by m_max
@@ -281,8 +296,8 @@ class _Resolved:
 
 def _index(table: dict) -> dict:
     shapes: dict = {}
-    for e in sorted(table["entries"], key=lambda e: (e["n"], e["k"], e["m_max"])):
-        m_maxes, tactics = shapes.setdefault((e["n"], e["k"]), ([], []))
+    for e in sorted(table["entries"], key=lambda e: (*entry_shape(e), e["m_max"])):
+        m_maxes, tactics = shapes.setdefault(entry_shape(e), ([], []))
         m_maxes.append(e["m_max"])
         tactics.append(e["tactic"])
     return shapes
@@ -315,14 +330,17 @@ def _resolve(key, device) -> _Resolved:
         return _RESOLVED.setdefault(key, resolved)
 
 
-def lookup(m: int, n: int, k: int, device=None):
-    """The tuned tactic for this call, or None (then the caller uses the heuristic)."""
+def lookup(m: int, n: int, k: int, device=None, quantized_input: bool = False):
+    """The tuned tactic for this call, or None (then the caller uses the heuristic);
+    `quantized_input`: the entries tuned for qr passed quantized."""
     key = (_STATE["explicit"], os.environ.get(ENV_TACTIC_TABLE), device)
     resolved = _RESOLVED.get(key)
     if resolved is None:
         resolved = _resolve(key, device)
-    rows = resolved.shapes.get((n, k))
+    rows = resolved.shapes.get((n, k, QR_FP8 if quantized_input else QR_BF16))
     if rows is None:
+        if quantized_input:  # not tuned for it: the caller derives one from the bf16 qr's
+            return None
         # a table that was set should cover the shapes it is used for; the user's and the
         # packaged tables cover what was tuned, the heuristic the rest
         if resolved.source in (SOURCE_SET, SOURCE_ENV):
@@ -331,6 +349,8 @@ def lookup(m: int, n: int, k: int, device=None):
         return None
     m_maxes, tactics = rows
     i = bisect.bisect_left(m_maxes, m)
+    if i == len(tactics) and quantized_input:  # tuned up to the swapped-A/B range: the bf16 qr's above
+        return None
     return tactics[i] if i < len(tactics) else tactics[-1]
 
 
@@ -340,10 +360,10 @@ def lookup(m: int, n: int, k: int, device=None):
 def write_table(path, meta: dict, entries: list[dict]) -> None:
     """Write a table atomically (temp file in the same directory, then rename)."""
     rows = sorted(
-        ({"n": e["n"], "k": e["k"], "m_max": e["m_max"],
-          "tactic": e["tactic"].as_dict() if isinstance(e["tactic"], Tactic) else e["tactic"]}
+        ({"n": e["n"], "k": e["k"], "m_max": e["m_max"]} | ({"qr": entry_qr(e)} if entry_qr(e) != QR_BF16 else {})
+         | {"tactic": e["tactic"].as_dict() if isinstance(e["tactic"], Tactic) else e["tactic"]}
          for e in entries),
-        key=lambda e: (e["n"], e["k"], e["m_max"]),
+        key=lambda e: (*entry_shape(e), e["m_max"]),
     )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -378,8 +398,8 @@ def install_table(table, device=None) -> Path:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         old, same = None, False
     if same:
-        shapes = {(e["n"], e["k"]) for e in entries}
-        kept = [e for e in old["entries"] if (e["n"], e["k"]) not in shapes]
+        shapes = {entry_shape(e) for e in entries}
+        kept = [e for e in old["entries"] if entry_shape(e) not in shapes]
         if kept:  # several tunings' shapes: what they share (as tune --merge)
             meta = {f: meta[f] for f in SHARED_FIELDS if f in meta}
             entries += kept

@@ -301,13 +301,19 @@ def can_run(arch: str, tactic: Tactic, n: int, k: int) -> bool:
     return cls is not None and not tactic.problems(n) and cls.can_implement(tactic.to_config(arch, **probe), n, k)
 
 
-def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None) -> list[Tactic]:
+def valid_tactics(arch: str, m: int, n: int, k: int, sms: int | None = None,
+                  quantized_input: bool = False) -> list[Tactic]:
     """Every tactic the arch's kernels can run for (M, N, K) on a GPU of `sms` SMs (default
     SM90_SMS); the heuristic's is first. Swapped-A/B tactics are offered up to
-    SWAP_AB_MAX_M tokens."""
+    SWAP_AB_MAX_M tokens. `quantized_input`: for qr passed quantized, each tactic's twin
+    that reads it (for_quantized_input; the knobs offered beside the fused quantizer are
+    offered so), the heuristic's for that first."""
     if not any(a == arch for a, _ in KERNEL_CLASSES):
         return []
     sms = sms or SM90_SMS
+    if quantized_input:
+        twins = [for_quantized_input(arch, t, m, n, k, sms) for t in valid_tactics(arch, m, n, k, sms)]
+        return list(dict.fromkeys([heuristic(arch, m, n, k, sms=sms, quantized_input=True)] + twins))
     out = [heuristic(arch, m, n, k, sms=sms)]
     cands = list(_candidates())
     if m <= PACED_NATIVE_MAX_M:
@@ -411,7 +417,8 @@ def _decode_token_tile(m: int, heads: int, sms: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int) -> Tactic | None:
+def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int,
+                       quantized_input: bool = False) -> Tactic | None:
     """The decode heuristic's swapped-A/B tactic for `token_tiles` tiles of `tile` tokens at
     (N, K): the preferred K split first (the largest whose CTAs fit one round, none for
     staged tiles at many heads); where that does not fit the kernel's shared memory (at a
@@ -441,7 +448,7 @@ def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int) ->
         if tile > 8 and heads % 2 == 0 and (k // 128) % 2 == 0 and units <= sms:
             share = 2
     even_blocks = (k // 128) % 2 == 0  # GemmConfig: pipelined_promotion needs an even K-block count
-    for fused in (True, False):
+    for fused in (False,) if quantized_input else (True, False):
         # 64-token tiles pipeline their promotion with the fused quantizer only (with the
         # separate one the scales, loaded a block ahead, spill)
         pipelined = even_blocks and tile <= SWAP_AB_PIPELINED_MAX_TILE and (fused or tile <= 32)
@@ -454,12 +461,13 @@ def _swap_ab_heuristic(tile: int, token_tiles: int, n: int, k: int, sms: int) ->
     return None
 
 
-def heuristic(arch: str, m: int, n: int, k: int, sms: int | None = None) -> Tactic:
+def heuristic(arch: str, m: int, n: int, k: int, sms: int | None = None, quantized_input: bool = False) -> Tactic:
     """The default without a tuned table, for a GPU of `sms` SMs (default SM90_SMS: the
     op passes the device's count, the tuner the table's). sm_90a: swapped A/B for decode
     and small batches (below); above, native 64-row tiles (one consumer warpgroup) while
     128-row tiles would fill at most half the SMs, 128-row tiles otherwise, no K split (on
-    the H200 a native K split never won). sm_100a: its one tile."""
+    the H200 a native K split never won). sm_100a: its one tile. `quantized_input`: qr
+    comes quantized (no fused quantizer)."""
     if arch == "sm_100a":
         return Tactic(tile_m=128)
     sms = sms or SM90_SMS
@@ -478,7 +486,7 @@ def heuristic(arch: str, m: int, n: int, k: int, sms: int | None = None) -> Tact
         # for many heads, 256 for few; against the sixth session's H200 timings this picks
         # within 0-10% of the fastest candidate at every M bucket of the four tables.
         tile = _decode_token_tile(m, n // 128, sms)
-        decode = _swap_ab_heuristic(tile, -(-m // tile), n, k, sms)
+        decode = _swap_ab_heuristic(tile, -(-m // tile), n, k, sms, quantized_input)
         if decode is not None:
             return decode
     tiles_of_128 = -(-m // 128) * (n // 128)
@@ -486,3 +494,20 @@ def heuristic(arch: str, m: int, n: int, k: int, sms: int | None = None) -> Tact
     # at M <= 128) and for 128-row tiles but at V4-Pro M >= 4096 (3% slower there, which
     # its table covers); up to 9% faster at V4-Flash M = 4096.
     return Tactic(tile_m=64 if tiles_of_128 <= sms // 2 else 128, epilogue_warpgroups=2)
+
+
+def for_quantized_input(arch: str, tactic: Tactic, m: int, n: int, k: int, sms: int | None = None) -> Tactic:
+    """The tactic to run where the caller passes qr already quantized (SPEC step 1's output):
+    `tactic` itself unless it quantizes qr in the kernel; else its twin that reads the
+    quantized activation (the fused quantizer's own knobs back to their defaults; a 64-token
+    tile's pipelined promotion, which needs the fused quantizer, off with what needs it);
+    else the heuristic's.
+    The twin keeps what the tables tuned about the weight's stream and the epilogue."""
+    if not tactic.fused_act_quant:
+        return tactic
+    twin = dataclasses.replace(tactic, fused_act_quant=False, act_quant_lanes=16, stage_qr=True, prefetch_qr=False,
+                               cluster_n=1 if tactic.kind == "swap_ab" else tactic.cluster_n)
+    for candidate in (twin, dataclasses.replace(twin, pipelined_promotion=False, scales_before_pdl_wait=False)):
+        if can_run(arch, candidate, n, k):
+            return candidate
+    return heuristic(arch, m, n, k, sms=sms, quantized_input=True)

@@ -128,6 +128,35 @@ def check_qr(qr, name: str = "qr") -> tuple[int, int]:
     return qr.shape[0], qr.shape[1]
 
 
+def check_quantized_qr(qr, qr_scale) -> tuple[int, int]:
+    """qr already quantized by SPEC step 1 (what quantize_act_fp8 returns): float8_e4m3fn
+    [T, K], K % 128 == 0, and qr_scale float32 [T, K/128] (the 2^e of each 128-wide block),
+    both contiguous and on one device. The scale values are not read (no synchronization):
+    the GEMM applies them as given. Returns (T, K)."""
+    check_dtype("qr", qr, torch.float8_e4m3fn)
+    check_rank("qr", qr, 2, "[T, K]")
+    check_divisible("qr", qr, 1, BLOCK, "K (dim 1)")
+    check_min_size("qr", qr, 1, BLOCK, "K (dim 1)")
+    check_contiguous("qr", qr)
+    t, k = qr.shape
+    check_dtype("qr_scale", qr_scale, torch.float32)
+    if list(qr_scale.shape) != [t, k // BLOCK]:
+        fail("qr_scale", f"shape [{t}, {k // BLOCK}] (= [T, K/128] for qr [{t}, {k}])", f"shape {list(qr_scale.shape)}")
+    check_contiguous("qr_scale", qr_scale)
+    check_same_device("qr_scale", qr_scale, "qr", qr)
+    return t, k
+
+
+def check_qr_input(qr, qr_scale) -> tuple[int, int]:
+    """The activation: bf16 qr, or with qr_scale the quantized qr (check_quantized_qr)."""
+    if qr_scale is None:
+        if isinstance(qr, torch.Tensor) and qr.dtype == torch.float8_e4m3fn:
+            fail("qr_scale", "its float32 [T, K/128] block scales with a float8_e4m3fn qr (quantize_act_fp8's "
+                             "two outputs)", "None")
+        return check_qr(qr)
+    return check_quantized_qr(qr, qr_scale)
+
+
 def check_weight(weight, name: str = "weight") -> tuple[int, int]:
     """float8_e4m3fn [N, K], N and K multiples of 128, contiguous (K-major). Returns (N, K)."""
     check_dtype(name, weight, torch.float8_e4m3fn)
@@ -221,10 +250,10 @@ class Problem:
 def check_problem(qr, weight, weight_scale, positions, cos_sin, *, hadamard, fp4_rounding,
                   out_format, scale_dtypes=(torch.float32, torch.float8_e8m0fnu),
                   scale_values: bool = True, weight_name: str = "weight",
-                  scale_name: str = "weight_scale") -> Problem:
-    """Everything the contract says about one call, on any device."""
+                  scale_name: str = "weight_scale", qr_scale=None) -> Problem:
+    """Everything the contract says about one call, on any device (qr_scale: see check_qr_input)."""
     check_options(hadamard, fp4_rounding, out_format)
-    t, k = check_qr(qr)
+    t, k = check_qr_input(qr, qr_scale)
     n, wk = check_weight(weight, weight_name)
     if wk != k:
         fail("qr", f"K = {wk} ({weight_name}.shape[1])", f"shape {list(qr.shape)} (K = {k})")
@@ -261,7 +290,7 @@ def check_arch_matches(name: str, weights_arch, device_arch: str, device) -> Non
 
 
 def check_kernel_inputs(qr, weights, positions, cos_sin, *, hadamard, fp4_rounding,
-                        out_format, device_arch_fn) -> Problem:
+                        out_format, device_arch_fn, qr_scale=None) -> Problem:
     """Shared checks plus what a kernel launch needs. `weights` is an IndexerQWeights;
     `device_arch_fn(device) -> str` gives the arch of qr's device (indexer_q.arch.detect_arch)."""
     from .weights import IndexerQWeights
@@ -272,13 +301,14 @@ def check_kernel_inputs(qr, weights, positions, cos_sin, *, hadamard, fp4_roundi
     prob = check_problem(qr, weights.weight, weights.weight_scale, positions, cos_sin,
                          hadamard=hadamard, fp4_rounding=fp4_rounding, out_format=out_format,
                          scale_dtypes=(torch.float32,), scale_values=False,
-                         weight_name="weights.weight", scale_name="weights.weight_scale")
+                         weight_name="weights.weight", scale_name="weights.weight_scale", qr_scale=qr_scale)
     check_cuda("qr", qr)
     check_arch_matches("weights", weights.arch, device_arch_fn(qr.device), qr.device)
-    for name, x in (("qr", qr), ("weights.weight", weights.weight),
+    for name, x in (("qr", qr), ("qr_scale", qr_scale), ("weights.weight", weights.weight),
                     ("weights.weight_scale", weights.weight_scale),
                     ("positions", positions), ("cos_sin", cos_sin)):
-        check_aligned(name, x)
+        if x is not None:
+            check_aligned(name, x)
     if (weights.n, weights.k, weights.heads) != (prob.n, prob.k, prob.n // HEAD_DIM):
         fail("weights", f"n, k, heads = {prob.n}, {prob.k}, {prob.n // HEAD_DIM} (from weights.weight)",
              f"{weights.n}, {weights.k}, {weights.heads}")
