@@ -12,6 +12,7 @@ import indexer_q
 from indexer_q import reference as R
 from indexer_q.tactics import SM90_SMS, Tactic, can_run, for_quantized_input, heuristic, valid_tactics
 from indexer_q.testing import make_inputs
+from test_kernel_sm90 import _poisoned
 
 SHAPES = {"v4-pro": (8192, 1536), "v4-flash": (8192, 1024), "tp8": (1024, 1536)}
 
@@ -159,14 +160,6 @@ def _gpu_case(m, shape, seed):
     w = indexer_q.prepare_weights(x["weight"], x["weight_scale"])
     a, s = indexer_q.quantize_act_fp8(x["qr"])
     return x, w, a, s
-
-
-def _poisoned(m, heads, out_format, byte):
-    q, s = R.empty_outputs(m, heads, out_format, "cuda")
-    q.view(torch.uint8).fill_(byte)
-    if s is not None:
-        s.view(torch.uint8).fill_(byte)
-    return q, s
 
 
 def _bytes_equal(a, b):

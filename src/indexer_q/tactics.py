@@ -496,6 +496,7 @@ def heuristic(arch: str, m: int, n: int, k: int, sms: int | None = None, quantiz
     return Tactic(tile_m=64 if tiles_of_128 <= sms // 2 else 128, epilogue_warpgroups=2)
 
 
+@functools.lru_cache(maxsize=4096)  # on every quantized-qr call without a table entry for it
 def for_quantized_input(arch: str, tactic: Tactic, m: int, n: int, k: int, sms: int | None = None) -> Tactic:
     """The tactic to run where the caller passes qr already quantized (SPEC step 1's output):
     `tactic` itself unless it quantizes qr in the kernel; else its twin that reads the
