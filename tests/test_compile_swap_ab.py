@@ -348,7 +348,8 @@ def test_sm90_swap_ab_trace_probe_compiles(tmp_path):
     assert ptx.count("%globaltimer") == 2 and ptx.count("%clock64") >= 8
     plain = _ptx(jit.compile_fused(dataclasses.replace(cfg, trace=False), 8192, 1536, keep_dir=str(tmp_path / "plain")))
     assert "%globaltimer" not in plain and "%clock64" not in plain
-    whole = _ptx(jit.compile_fused(dataclasses.replace(cfg, epilogue=True), 8192, 1536, keep_dir=str(tmp_path / "whole")))
+    whole = _ptx(jit.compile_fused(dataclasses.replace(cfg, epilogue=True), 8192, 1536,
+                                   keep_dir=str(tmp_path / "whole")))
     assert whole.count("%globaltimer") == 2 and whole.count("%clock64") >= ptx.count("%clock64")
 
 

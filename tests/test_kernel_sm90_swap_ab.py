@@ -397,7 +397,8 @@ def test_swap_ab_reduce_scatter_equals_the_gather(m, n, k, gather_tile, scatter_
 # commit groups), with several token tiles a CTA and a split of 3.
 PIPELINED_CASES = [(16, 8192, 1536, 16, 2, 2, True), (9, 8192, 1024, 16, 1, 1, True), (32, 1024, 1536, 32, 4, 1, False),
                    (3, 1024, 1536, 8, 3, 2, True), (129, 8192, 1536, 32, 1, 2, True), (27, 1024, 1536, 32, 2, 2, False),
-                   (64, 8192, 1536, 64, 2, 2, True), (200, 1024, 1536, 64, 4, 2, True), (61, 1024, 1536, 64, 3, 1, True)]
+                   (64, 8192, 1536, 64, 2, 2, True), (200, 1024, 1536, 64, 4, 2, True),
+                   (61, 1024, 1536, 64, 3, 1, True)]
 
 
 def _pipelined_tactic(t, s, e, fused, pipelined):

@@ -33,7 +33,8 @@ def test_opcheck():
     import indexer_q.op  # noqa: F401
 
     x, _ = _inputs(t=64)
-    args = (x["qr"], x["weight"].view(torch.uint8), x["weight_scale"], x["positions"], x["cos_sin"], True, "rne", "mxfp4", "", "sm_90a")
+    args = (x["qr"], x["weight"].view(torch.uint8), x["weight_scale"], x["positions"], x["cos_sin"], True, "rne",
+            "mxfp4", "", "sm_90a")
     torch.library.opcheck(torch.ops.indexer_q.fused_indexer_q.default, args)
 
 

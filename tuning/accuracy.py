@@ -46,7 +46,8 @@ def main():
         a, b = fp4_signed_codes(q), fp4_signed_codes(rq)
         same_scale = (scale_bytes(s) == scale_bytes(rs)).repeat_interleave(32, -1)
         diff = a != b
-        print(f"[{spec}] M={m:6d} had={int(hadamard)} {rounding:10s} seed={seed} codes_eq={1 - diff.double().mean().item():.6f} "
+        codes_eq = 1 - diff.double().mean().item()
+        print(f"[{spec}] M={m:6d} had={int(hadamard)} {rounding:10s} seed={seed} codes_eq={codes_eq:.6f} "
               f"scales_eq={(scale_bytes(s) == scale_bytes(rs)).double().mean().item():.6f} "
               f"diff_codes={int(diff.sum())} of {diff.numel()} "
               f"max_step_same_scale={int(torch.where(same_scale, (a - b).abs(), 0).max())}", flush=True)

@@ -23,9 +23,10 @@ Contenders, per (shape, M):
                    to 4: one copy), the GEMM, the Triton kernel; on the real M (DeepGEMM
                    takes any M)
   deepgemm_gemm    DeepGEMM's GEMM alone (the faster of its launches with and without
-                   programmatic dependent launch, deepgemm_gemm_{pdl,nopdl}), on pre-quantized activations whose scale is
-                   already laid out for it; real M. DeepGEMM is a benchmark peer only
-                   (tuning/peers/deepgemm.py; the package never imports it): where
+                   programmatic dependent launch, deepgemm_gemm_{pdl,nopdl}), on pre-quantized
+                   activations whose scale is already laid out for it; real M. DeepGEMM is
+                   a benchmark peer only (tuning/peers/deepgemm.py; the package never
+                   imports it): where
                    `deep_gemm` does not import or run, the row says why (deepgemm_error)
   peer_epilogue    the chain's Triton kernel alone, on the GEMM's bf16 output
   torch            the reference ops on the GPU (step 2 in float64)
@@ -421,7 +422,8 @@ def write_outputs(env, rows, stem: Path, plots=True):
              f"CUDA {env['cuda']}, CuTe DSL {env['cutlass_dsl']}, Triton {env['triton']}, "
              f"DeepGEMM {env.get('deepgemm', 'not recorded')}", "",
              f"Copy bandwidth measured in this run: {env['copy_bandwidth_TBps']:.2f} TB/s. Microseconds "
-             f"(CUDA graphs, {COLD_WORDING[env.get('activations', 'cold')]}, median, {env.get('timing', 'sequential')} timing); ratios are fused / peer (below 1 = fused faster). "
+             f"(CUDA graphs, {COLD_WORDING[env.get('activations', 'cold')]}, median, "
+             f"{env.get('timing', 'sequential')} timing); ratios are fused / peer (below 1 = fused faster). "
              f"M marked * : cuBLAS refuses it, so the unfused and cuBLAS peers ran on inputs padded to "
              f"the next multiple of {PEER_M_MULTIPLE} rows, as an engine would pad them; the DeepGEMM peers "
              f"always run on the real M. \"unfused\" is the chain with cuBLAS, \"DeepGEMM chain\" the same "
@@ -430,7 +432,8 @@ def write_outputs(env, rows, stem: Path, plots=True):
              "\"fused, fp8 qr\" is the op given qr quantized already (`qr_scale`: the inputs DeepGEMM's GEMM "
              "takes); its ratio is to DeepGEMM's GEMM alone.", "",
              "| shape | format | M | fused | unfused | DeepGEMM chain | cuBLAS GEMM | DeepGEMM GEMM | torch | floor "
-             "| /unfused | /DeepGEMM chain | /cuBLAS | /DeepGEMM GEMM | /floor | fused, fp8 qr | fp8 qr /DeepGEMM GEMM |",
+             "| /unfused | /DeepGEMM chain | /cuBLAS | /DeepGEMM GEMM | /floor | fused, fp8 qr "
+             "| fp8 qr /DeepGEMM GEMM |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def fmt(r, k, d=1):
@@ -476,7 +479,8 @@ def plot(rows, stem: Path):
     import matplotlib.pyplot as plt
 
     shapes = sorted({(r["shape"], r["out_format"]) for r in rows})
-    contenders = [("fused_us", "fused op"), ("fused_fp8_qr_us", "fused op, fp8 qr in (qr_scale)"), ("unfused_us", "unfused chain (act-quant + cuBLAS + Triton)"),
+    contenders = [("fused_us", "fused op"), ("fused_fp8_qr_us", "fused op, fp8 qr in (qr_scale)"),
+                  ("unfused_us", "unfused chain (act-quant + cuBLAS + Triton)"),
                   ("deepgemm_chain_us", "unfused chain (act-quant + relayout + DeepGEMM + Triton)"),
                   ("cublas_gemm_us", "cuBLAS GEMM alone"), ("deepgemm_gemm_us", "DeepGEMM GEMM alone"),
                   ("torch_us", "plain torch"), ("floor_us", "floor")]

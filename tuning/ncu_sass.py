@@ -72,8 +72,9 @@ def _reasons(row: dict, n: int = 3) -> str:
 
 def listing(directory: Path) -> str:
     """Every instruction in program order: index, executions, samples, top reasons, SASS."""
+    rows = read(directory / "sass.csv")
     return "\n".join(f"{i:5d} x{_int(r, 'Instructions Executed'):<8d} {_int(r, SAMPLES):6d}  "
-                     f"{r['Source'].strip()[:80]:80s} [{_reasons(r)}]" for i, r in enumerate(read(directory / "sass.csv")))
+                     f"{r['Source'].strip()[:80]:80s} [{_reasons(r)}]" for i, r in enumerate(rows))
 
 
 def main(argv=None) -> None:

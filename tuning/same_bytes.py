@@ -55,7 +55,8 @@ def main(argv=None) -> int:
                     verdict = "UNWRITTEN BYTES"
                 else:
                     same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-                    verdict = "same" if same else f"DIFFERENT ({(got[0] == want[0]).double().mean().item():.7f} of the bytes)"
+                    equal = (got[0] == want[0]).double().mean().item()
+                    verdict = "same" if same else f"DIFFERENT ({equal:.7f} of the bytes)"
                 print(f"M={m} N={n} K={k} {out_format} {spec}: {verdict}", flush=True)
                 bad += verdict != "same"
     return 1 if bad else 0

@@ -102,7 +102,8 @@ class StreamTrace:
         outs = [trace_outputs(m, n, x["qr"].device, ctas, whole) for _ in range(2)]
         self.outputs = outs  # both launches' buffers live as long as the graph that writes them
         self.buffer, self.stamps = outs[1][0], outs[1][3]
-        calls = [(ops, q_words, scale_words) for ops, (_, q_words, scale_words, _) in zip((operands, second_operands), outs)]
+        calls = [(ops, q_words, scale_words)
+                 for ops, (_, q_words, scale_words, _) in zip((operands, second_operands), outs)]
 
         def launch_both():
             for ops, q_words, s_words in calls:
@@ -174,9 +175,11 @@ def measure(shape: str, m: int, tactic, runs: int, stream: bool = False, with_qu
                     per_phase[origin + name]["median"].append(d[len(d) // 2])
                     per_phase[origin + name]["max"].append(d[-1])
         rates += [(s[12] - s[1]) / (s[13] - s[0]) for s in stamps if s[13] > s[0]]
-        spans.append((max(s[13] for s in stamps) - min(s[0] for s in stamps)) / 1000)  # us, first start to last hand-off
+        # us, first start to last hand-off
+        spans.append((max(s[13] for s in stamps) - min(s[0] for s in stamps)) / 1000)
     ghz = statistics.median(rates) if rates else float("nan")
-    phases = {name: {"cycles_median_cta": statistics.median(v["median"]), "cycles_slowest_cta": statistics.median(v["max"]),
+    phases = {name: {"cycles_median_cta": statistics.median(v["median"]),
+                     "cycles_slowest_cta": statistics.median(v["max"]),
                      "us_median_cta": statistics.median(v["median"]) / ghz / 1000,
                      "us_slowest_cta": statistics.median(v["max"]) / ghz / 1000}
               for name, v in per_phase.items() if v["median"]}
@@ -223,7 +226,8 @@ def main(argv=None):
             raw.append({"shape": shape, "M": m, "runs": row.pop("raw_stamps")})
             print(json.dumps(row), flush=True)
             for name, p in row["phases"].items():
-                print(f"  {shape} M={m} {name:20s} {p['us_median_cta']:6.2f} us (slowest CTA {p['us_slowest_cta']:6.2f})")
+                print(f"  {shape} M={m} {name:20s} {p['us_median_cta']:6.2f} us "
+                      f"(slowest CTA {p['us_slowest_cta']:6.2f})")
     if args.raw:
         with open(args.raw, "w") as f:
             json.dump(raw, f)

@@ -46,8 +46,9 @@ def fused_indexer_q(qr, weights: IndexerQWeights, positions, cos_sin, *, hadamar
     Returns (q_fp4 uint8 [T, H, 64], q_scale int32 [T, H]) for out_format="mxfp4",
     (q_fp8 float8_e4m3fn [T, H, 128], q_scale float32 [T, H]) for "fp8",
     (q_fp8, None) for "fp8-unscaled", (q bf16 [T, H, 128], None) for "bf16" (the kernel's
-    bf16 GEMM result after RoPE and the optional Hadamard, unquantized). Raises InvalidInputError for bad inputs (including
-    CPU tensors: the reference is indexer_q.reference.fused_indexer_q) and
+    bf16 GEMM result after RoPE and the optional Hadamard, unquantized). Raises
+    InvalidInputError for bad inputs (including CPU tensors: the reference is
+    indexer_q.reference.fused_indexer_q) and
     indexer_q.dispatch.KernelUnavailableError when no kernel is built for this
     arch/format; it never falls back to the reference."""
     from . import dispatch
