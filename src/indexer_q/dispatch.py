@@ -63,7 +63,7 @@ def choose_tactic(arch: str, device, m: int, n: int, k: int, tactic=None, quanti
     sms = _sm_count(device) if getattr(device, "type", None) == "cuda" else None
     chosen = quantized_input and table.lookup(m, n, k, device, quantized_input=True)
     chosen = chosen or table.lookup(m, n, k, device) or heuristic(arch, m, n, k, sms=sms)
-    if quantized_input:  # (an entry tuned for it is its own twin)
+    if quantized_input and chosen.fused_act_quant:  # an entry tuned for it is its own twin
         chosen = for_quantized_input(arch, chosen, m, n, k, sms=sms)
     if chosen.separate_epilogue and y_too_large:  # the same tactic fused: the same bytes
         chosen = dataclasses.replace(chosen, separate_epilogue=False)
