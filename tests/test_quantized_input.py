@@ -213,3 +213,18 @@ def test_public_op_graph_and_compile():
     compiled = torch.compile(call, fullgraph=True)
     got = compiled(a2, s2)
     assert _bytes_equal(got[0], want[0]) and _bytes_equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_opcheck_with_a_quantized_qr():
+    """torch.library.opcheck on the op given an e4m3 qr and its scales: fake tensor,
+    autograd registration and AOT dispatch. Its schema test is left out: it compares the
+    inputs with allclose, which has no float8 kernel; the bf16 case (test_op_gpu) runs it on
+    the same schema."""
+    import indexer_q.op  # noqa: F401
+
+    x, w, a, s = _gpu_case(64, "tp8", seed=7)
+    args = (a, x["weight"].view(torch.uint8), x["weight_scale"], x["positions"], x["cos_sin"], True, "rne",
+            "mxfp4", "", "sm_90a")
+    torch.library.opcheck(torch.ops.indexer_q.fused_indexer_q.default, args, {"qr_scale": s},
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
