@@ -70,3 +70,24 @@ def test_versions_match_the_installed_metadata():
         or (d.metadata["Name"] or "").lower() == "apache-tvm-ffi")
     jit._versions.cache_clear()
     assert jit._versions() == (";".join(sorted(set(expected))) or "kit")
+
+
+class _KillsItsWorker:
+    """A job part whose unpickling ends the worker process at once (os._exit), as a crash
+    inside the compiler would."""
+
+    def __reduce__(self):
+        return (os._exit, (3,))
+
+
+def test_precompile_names_a_job_whose_worker_dies(monkeypatch):
+    """One worker dying breaks the pool; precompile compiles the jobs it took down again,
+    each alone, and reports the killer and the ordinary failure, in job order, instead of
+    raising."""
+    from indexer_q import jit
+
+    monkeypatch.setenv("INDEXER_Q_DISK_CACHE", "1")
+    failures = jit.precompile([(_KillsItsWorker(), 1024, 1024), ("not a config", 1024, 1024)], workers=2)
+    assert len(failures) == 2, failures
+    assert "compile worker process died" in failures[0]
+    assert failures[1].startswith("not a config: AttributeError"), failures[1]

@@ -307,14 +307,40 @@ def _compile_job(job):
 def precompile(jobs, workers: int | None = None) -> list[str]:
     """Compile the fused kernels [(config, n, k)] or [(config, n, k, sms)] at once in worker
     processes, each filling the disk cache that this process then loads from (a kernel
-    compiles in 1-4 s, one CPU core each). Returns the failures as strings; does nothing
-    without the disk cache."""
+    compiles in 1-4 s, one CPU core each). Returns the failures as strings, in job order;
+    does nothing without the disk cache.
+
+    A worker process that dies (a crash in the compiler, the OOM killer, a main module the
+    spawned worker cannot re-import) breaks the whole pool: the jobs it took down are compiled again, each in a fresh process
+    of its own (`workers` at a time), so every other kernel still reaches the cache and the
+    one that kills its process is named among the failures instead of aborting the caller
+    (the tuner)."""
     import concurrent.futures
     import multiprocessing
+    from concurrent.futures.process import BrokenProcessPool
 
     jobs = list(dict.fromkeys(jobs))
     if not jobs or not _disk_enabled():
         return []
     workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-        return [e for e in ex.map(_compile_job, jobs) if e]
+    spawn = multiprocessing.get_context("spawn")
+    results: dict[int, str | None] = {}
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn) as ex:
+        futures = [ex.submit(_compile_job, job) for job in jobs]
+        for i, future in enumerate(futures):
+            try:
+                results[i] = future.result()
+            except BrokenProcessPool:
+                pass  # compiled again below, alone
+
+    def alone(job):
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as ex:
+            try:
+                return ex.submit(_compile_job, job).result()
+            except BrokenProcessPool:
+                return f"{job[0]}: its compile worker process died (its stderr says why)"
+
+    lost = [i for i in range(len(jobs)) if i not in results]
+    with concurrent.futures.ThreadPoolExecutor(workers) as threads:
+        results.update(zip(lost, threads.map(alone, [jobs[i] for i in lost])))
+    return [results[i] for i in range(len(jobs)) if results[i]]
