@@ -310,11 +310,11 @@ def precompile(jobs, workers: int | None = None) -> list[str]:
     compiles in 1-4 s, one CPU core each). Returns the failures as strings, in job order;
     does nothing without the disk cache.
 
-    A worker process that dies (a crash in the compiler, the OOM killer, a main module the
-    spawned worker cannot re-import) breaks the whole pool: the jobs it took down are compiled again, each in a fresh process
-    of its own (`workers` at a time), so every other kernel still reaches the cache and the
-    one that kills its process is named among the failures instead of aborting the caller
-    (the tuner)."""
+    A worker process that dies (a crash in the compiler, the OOM killer, a main module
+    the spawned worker cannot re-import) breaks the whole pool: the jobs it took down are
+    compiled again, each in a fresh process of its own (`workers` at a time), so every other
+    kernel still reaches the cache and the one that kills its process is named among the
+    failures instead of aborting the caller (the tuner)."""
     import concurrent.futures
     import multiprocessing
     from concurrent.futures.process import BrokenProcessPool
@@ -326,7 +326,12 @@ def precompile(jobs, workers: int | None = None) -> list[str]:
     spawn = multiprocessing.get_context("spawn")
     results: dict[int, str | None] = {}
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn) as ex:
-        futures = [ex.submit(_compile_job, job) for job in jobs]
+        futures = []
+        try:
+            for job in jobs:
+                futures.append(ex.submit(_compile_job, job))
+        except BrokenProcessPool:
+            pass  # broken while submitting: the jobs not submitted are compiled below, alone
         for i, future in enumerate(futures):
             try:
                 results[i] = future.result()
