@@ -6,8 +6,9 @@ rounds of the K split's hand-off (kernels/sm90_parts.py): rank 1 sends B bytes o
 in registers to rank 0's slot; rank 0 waits for them, adds them, and frees the slot (one
 remote arrive a thread, as add_partials). Ways of sending:
 
-- `st_async`: each thread `st.async`s its values 16 bytes at a time into the peer's slot,
-  every store completing its bytes on the peer's barrier (send_partial's way today);
+- `st_async`: the kernels' own code (`sm90_parts.send_partial` / `add_partials`): each
+  thread `st.async`s its values 16 bytes at a time into the peer's slot, every store
+  completing its bytes on the peer's barrier;
 - `bulk`: the values stored to the sender's own shared memory, a proxy fence and a CTA
   barrier, then one `cp.async.bulk.shared::cluster.shared::cta` of B bytes (one completion);
 - `global`: through L2 instead: 16-byte global stores, a CTA barrier, a cluster-scope fence
@@ -29,6 +30,8 @@ from cutlass._mlir.dialects import llvm, nvvm
 from cutlass.cute.typing import Pointer
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
+
+from indexer_q.kernels.sm90_parts import add_partials, reduce_tensor, send_partial
 
 WARPGROUP = 128
 ROUNDS = 32
@@ -80,7 +83,7 @@ class DsmemProbe:
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[Int64, 2]  # [0] slot full (rank 0), [1] slot free (rank 1)
-            slot: cute.struct.Align[cute.struct.MemRange[Int32, words], 1024]
+            sReduce: cute.struct.Align[cute.struct.MemRange[Int32, words], 1024]  # rank 0's slot
             staging: cute.struct.Align[cute.struct.MemRange[Int32, words], 1024]
 
         self.kernel(out, scratch, Storage).launch(grid=(2 * clusters, 1, 1), block=(WARPGROUP, 1, 1), cluster=(2, 1, 1),
@@ -95,10 +98,10 @@ class DsmemProbe:
         full = st.bars.data_ptr()
         free = full + 1
         chunks = self.values // 4
-        # [chunk, thread, 4]: 16-byte chunks, thread-minor (kernels/sm90_parts.reduce_tensor)
-        layout = cute.make_layout((chunks, WARPGROUP, 4), stride=(WARPGROUP * 4, 4, 1))
-        slot = st.slot.get_tensor(layout)
-        staging = st.staging.get_tensor(layout)
+        # [slot 0, chunk, thread, 4]: the kernels' K split in 2 (16-byte chunks, thread-minor)
+        slot = reduce_tensor(st, 2, self.values)
+        reduce = (full, free, slot)
+        staging = st.staging.get_tensor(slot.layout)
         mine = scratch[bidx // 2, None, None, None]  # this cluster's partial in global memory (`global`)
         if tidx == 0:
             cute.arch.mbarrier_init(full, WARPGROUP if self.method == "remote_arrive" else 1)
@@ -114,39 +117,33 @@ class DsmemProbe:
         for r in cutlass.range(ROUNDS):
             if rank == 0:
                 if cutlass.const_expr(self.method in ("st_async", "bulk")):
-                    if tidx == 0:
-                        cute.arch.mbarrier_arrive_and_expect_tx(full, self.nbytes)
-                cute.arch.mbarrier_wait(full, r & 1)
-                if cutlass.const_expr(self.method == "global"):
-                    cute.arch.fence_acq_rel_cluster()
-                    for c in cutlass.range_constexpr(chunks):
-                        words = ld_global_cg_v4(mine[(c, tidx, None)].iterator.toint())
-                        for j in cutlass.range_constexpr(4):
-                            acc[4 * c + j] = acc[4 * c + j] + words[j].bitcast(Float32)
-                elif cutlass.const_expr(self.method != "remote_arrive"):
-                    for c in cutlass.range_constexpr(chunks):
-                        for j in cutlass.range_constexpr(4):
-                            acc[4 * c + j] = acc[4 * c + j] + slot[c, tidx, j].bitcast(Float32)
-                cute.arch.mbarrier_arrive(free, peer_cta_rank_in_cluster=1, scope=nvvm.MemScopeKind.CLUSTER)
+                    add_partials(acc, reduce, tidx, r, self.nbytes)  # bytes completing on `full`
+                else:
+                    cute.arch.mbarrier_wait(full, r & 1)
+                    if cutlass.const_expr(self.method == "global"):
+                        cute.arch.fence_acq_rel_cluster()
+                        for c in cutlass.range_constexpr(chunks):
+                            words = ld_global_cg_v4(mine[(c, tidx, None)].iterator.toint())
+                            for j in cutlass.range_constexpr(4):
+                                acc[4 * c + j] = acc[4 * c + j] + words[j].bitcast(Float32)
+                    cute.arch.mbarrier_arrive(free, peer_cta_rank_in_cluster=1, scope=nvvm.MemScopeKind.CLUSTER)
                 if r == 0:
                     first = cute.arch.clock64()
+            elif cutlass.const_expr(self.method == "st_async"):
+                send_partial(acc, reduce, tidx, r)  # waits until rank 0 has read the previous round
             else:
                 cute.arch.mbarrier_wait(free, (r & 1) ^ 1)  # rank 0 has read the previous round
-                if cutlass.const_expr(self.method == "st_async"):
-                    for c in cutlass.range_constexpr(chunks):
-                        words = tuple(acc[4 * c + j].bitcast(Int32) for j in range(4))
-                        cute.arch.store_async_dsmem(slot[(c, tidx, None)].iterator, words, full, 0)
-                elif cutlass.const_expr(self.method == "bulk"):
+                if cutlass.const_expr(self.method == "bulk"):
                     if tidx == 0:
                         cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last copy has read staging
                     cute.arch.sync_threads()
                     for c in cutlass.range_constexpr(chunks):
                         for j in cutlass.range_constexpr(4):
-                            staging[c, tidx, j] = acc[4 * c + j].bitcast(Int32)
+                            staging[0, c, tidx, j] = acc[4 * c + j].bitcast(Int32)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.sync_threads()
                     if tidx == 0:
-                        bulk_copy_to_peer(st.slot.data_ptr(), st.staging.data_ptr(), full, 0, self.nbytes)
+                        bulk_copy_to_peer(st.sReduce.data_ptr(), st.staging.data_ptr(), full, 0, self.nbytes)
                         cute.arch.cp_async_bulk_commit_group()
                 elif cutlass.const_expr(self.method == "global"):
                     for c in cutlass.range_constexpr(chunks):
@@ -158,6 +155,7 @@ class DsmemProbe:
                         cute.arch.mbarrier_arrive(full, peer_cta_rank_in_cluster=0, scope=nvvm.MemScopeKind.CLUSTER)
                 else:
                     cute.arch.mbarrier_arrive(full, peer_cta_rank_in_cluster=0, scope=nvvm.MemScopeKind.CLUSTER)
+            if rank == 1:
                 for i in cutlass.range_constexpr(self.values):
                     acc[i] = acc[i] + Float32(1.0)  # new values each round
         end = cute.arch.clock64()
